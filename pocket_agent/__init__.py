@@ -1,0 +1,49 @@
+"""pocket_agent: reliable structured work from tiny on-device language models.
+
+Importing this package loads no model, opens no network connection and installs nothing;
+models load on first use.
+"""
+
+from .errors import (
+    ContextOverflowError,
+    ExtractionError,
+    GenerationError,
+    InvalidInputError,
+    ModelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    OutputBudgetExceeded,
+    PocketAgentError,
+    SchemaError,
+    ToolArgumentError,
+    ToolError,
+    UnsupportedSchemaError,
+)
+from .generate import GenerationResult, SamplingParams, generate
+from .runtime import Model, get_default_model, load_model, set_default_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContextOverflowError",
+    "ExtractionError",
+    "GenerationError",
+    "GenerationResult",
+    "InvalidInputError",
+    "Model",
+    "ModelError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "OutputBudgetExceeded",
+    "PocketAgentError",
+    "SamplingParams",
+    "SchemaError",
+    "ToolArgumentError",
+    "ToolError",
+    "UnsupportedSchemaError",
+    "__version__",
+    "generate",
+    "get_default_model",
+    "load_model",
+    "set_default_model",
+]

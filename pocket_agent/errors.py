@@ -1,0 +1,141 @@
+"""Typed errors raised by pocket_agent.
+
+Every error the library raises on purpose derives from :class:`PocketAgentError`, so
+``except PocketAgentError`` catches all of them. Each message says what went wrong and
+what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PocketAgentError(Exception):
+    """Base class of every error pocket_agent raises on purpose."""
+
+
+# --- models and runtimes -------------------------------------------------------------
+
+
+class ModelError(PocketAgentError):
+    """A model could not be found, read or used."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """The model path does not exist, or a folder holds no model build."""
+
+
+class ModelLoadError(ModelError):
+    """The model file exists but the backend could not load it (corrupt, wrong format)."""
+
+
+class BackendUnavailableError(ModelError, ImportError):
+    """The backend's Python package (llama-cpp-python or MNN) is not installed."""
+
+
+class ModelStateError(ModelError):
+    """The model was used in a state that does not allow it (closed, not loaded, ...)."""
+
+
+class TokenError(ModelError, ValueError):
+    """Token ids that the model cannot evaluate: empty list, out of vocabulary range."""
+
+
+class ContextOverflowError(ModelError):
+    """The tokens do not fit in the model's context window."""
+
+    def __init__(self, message: str, *, needed: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.n_ctx = n_ctx
+
+
+class BackendError(ModelError):
+    """The native backend reported a failure (decode error, adapter rejected, ...)."""
+
+
+class AdapterError(ModelError):
+    """A LoRA or decision adapter could not be loaded or does not fit the model."""
+
+
+class ConversionError(PocketAgentError):
+    """Converting a model between formats failed."""
+
+
+# --- grammars and generation ---------------------------------------------------------
+
+
+class SchemaError(PocketAgentError, ValueError):
+    """The output type (schema, regex, grammar) is invalid."""
+
+
+class UnsupportedSchemaError(SchemaError):
+    """The schema uses a feature the grammar engine cannot enforce.
+
+    ``feature`` names the feature and ``path`` is the JSON path where it appears.
+    """
+
+    def __init__(self, message: str, *, feature: str | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.feature = feature
+        self.path = path
+
+
+class GenerationError(PocketAgentError):
+    """Generation could not produce a complete, valid output."""
+
+
+class OutputBudgetExceeded(GenerationError):  # noqa: N818 - reads as the event it reports
+    """``max_tokens`` ran out before the output was complete; ``partial`` holds the text so far."""
+
+    def __init__(self, message: str, *, partial: str, tokens: int) -> None:
+        super().__init__(message)
+        self.partial = partial
+        self.tokens = tokens
+
+
+class ExtractionError(GenerationError):
+    """The model's output parsed but failed validation after every retry."""
+
+    def __init__(self, message: str, *, last_output: Any = None, errors: Any = None) -> None:
+        super().__init__(message)
+        self.last_output = last_output
+        self.errors = errors
+
+
+# --- tools ----------------------------------------------------------------------------
+
+
+class ToolError(PocketAgentError):
+    """A tool failed while running."""
+
+
+class ToolArgumentError(ToolError, ValueError):
+    """Arguments for a tool call do not match the tool's schema."""
+
+
+class InvalidInputError(PocketAgentError, ValueError):
+    """An argument given to a public function is invalid (wrong type, empty, ...)."""
+
+
+__all__ = [
+    "AdapterError",
+    "BackendError",
+    "BackendUnavailableError",
+    "ContextOverflowError",
+    "ConversionError",
+    "ExtractionError",
+    "GenerationError",
+    "InvalidInputError",
+    "ModelError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "ModelStateError",
+    "OutputBudgetExceeded",
+    "PocketAgentError",
+    "SchemaError",
+    "TokenError",
+    "ToolArgumentError",
+    "ToolError",
+    "UnsupportedSchemaError",
+]

@@ -1,0 +1,48 @@
+"""Runtime layer: one model protocol, two backends (llama.cpp for GGUF, MNN for MNN builds).
+
+Nothing outside this package imports ``llama_cpp`` or ``MNN``; backends are imported only
+when a model of their kind is loaded.
+"""
+
+from .base import (
+    Capabilities,
+    EvalOutput,
+    EvalStats,
+    LoraAdapter,
+    Model,
+    ModelInfo,
+    StreamDecoder,
+    Vocabulary,
+    common_prefix_length,
+)
+from .chat_template import ChatTemplate, chatml_template
+from .default_model import default_model_path
+from .loader import (
+    detect_backend,
+    get_default_model,
+    load_model,
+    resolve_model,
+    resolve_source,
+    set_default_model,
+)
+
+__all__ = [
+    "Capabilities",
+    "ChatTemplate",
+    "EvalOutput",
+    "EvalStats",
+    "LoraAdapter",
+    "Model",
+    "ModelInfo",
+    "StreamDecoder",
+    "Vocabulary",
+    "chatml_template",
+    "common_prefix_length",
+    "default_model_path",
+    "detect_backend",
+    "get_default_model",
+    "load_model",
+    "resolve_model",
+    "resolve_source",
+    "set_default_model",
+]

@@ -1,0 +1,490 @@
+"""The runtime protocol: what every backend gives the layers above it.
+
+A :class:`Model` owns one loaded model and one persistent KV cache (sequence 0). The
+layers above it (grammars, the generation loop, tools, decisions) only ever talk to this
+interface; nothing outside ``pocket_agent.runtime`` imports ``llama_cpp`` or ``MNN``.
+
+The KV cache is tracked in Python: :attr:`Model.cached_tokens` is exactly the token list
+whose keys and values the backend holds, so :meth:`Model.prefill` can evaluate only the
+suffix that differs from the previous call.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import (
+    AdapterError,
+    ContextOverflowError,
+    ModelStateError,
+    TokenError,
+)
+
+if TYPE_CHECKING:
+    from .chat_template import ChatTemplate
+
+LogitsSelection = Literal["last", "all", "none"] | Sequence[int]
+"""Which positions of an evaluation return logits: the last one, all, none, or indices
+into the evaluated tokens (negative indices count from the end)."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The model's vocabulary as raw bytes.
+
+    ``token_bytes[i]`` is the exact byte string token ``i`` stands for (special tokens
+    hold their text, e.g. ``b"<|im_end|>"``); ``special_ids`` marks control tokens that
+    a tokenizer never produces from plain text.
+    """
+
+    token_bytes: tuple[bytes, ...]
+    special_ids: frozenset[int]
+    eos_ids: tuple[int, ...]
+    bos_id: int | None = None
+    add_bos: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.token_bytes)
+
+    def marked_token_bytes(self) -> list[bytes]:
+        """Token bytes with special tokens prefixed by 0xFF, the convention llguidance uses."""
+        return [b"\xff" + t if i in self.special_ids else t for i, t in enumerate(self.token_bytes)]
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token whose bytes are exactly ``text`` (special tokens included)."""
+        target = text.encode("utf-8")
+        for i, tok in enumerate(self.token_bytes):
+            if tok == target:
+                return i
+        return None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Static facts about a loaded model, as ``pocket-agent info`` prints them."""
+
+    backend: str
+    path: Path
+    name: str
+    architecture: str
+    n_vocab: int
+    n_ctx: int
+    n_ctx_train: int
+    n_embd: int
+    file_size: int
+    chat_template_source: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Optional features a backend supports."""
+
+    multi_sequence: bool
+    hidden_states: bool
+    lora: bool
+
+
+@dataclass
+class EvalOutput:
+    """Result of evaluating tokens.
+
+    ``logits`` has one row per selected position (``[k, n_vocab]`` float32). ``hidden``,
+    when requested, holds the final normalised hidden state at the same positions.
+    ``positions`` are the indices (into the evaluated tokens) of the rows.
+    """
+
+    logits: NDArray[np.float32]
+    positions: list[int]
+    hidden: NDArray[np.float32] | None = None
+
+
+@dataclass
+class EvalStats:
+    """Counters a caller can read to see how much work the backend did."""
+
+    tokens_evaluated: int = 0
+    eval_calls: int = 0
+
+    def snapshot(self) -> tuple[int, int]:
+        return (self.tokens_evaluated, self.eval_calls)
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter loaded into a model; pass it back to scale or remove it."""
+
+    path: Path
+    scale: float
+    handle: object = field(repr=False)
+
+
+class Model(abc.ABC):
+    """A loaded language model with a persistent KV cache.
+
+    Concrete backends implement the ``_``-prefixed hooks; the public methods here do the
+    argument checking that keeps bad input away from native code (empty token lists,
+    out-of-range ids, context overflow, use after close).
+    """
+
+    backend: str = ""
+    info: ModelInfo
+    vocab: Vocabulary
+    capabilities: Capabilities
+
+    def __init__(self) -> None:
+        self._cached: list[int] = []
+        self._closed = False
+        self.stats = EvalStats()
+        self._loras: list[LoraAdapter] = []
+        self._chat_template: ChatTemplate | None = None
+
+    # -- static facts ----------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        """Context window in tokens (the KV cache size of sequence 0)."""
+        return self.info.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.size
+
+    @property
+    def path(self) -> Path:
+        return self.info.path
+
+    @property
+    @abc.abstractmethod
+    def chat_template(self) -> ChatTemplate:
+        """The model's own chat template (from its metadata)."""
+
+    # -- text <-> tokens -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def tokenize(self, text: str | bytes, *, special: bool = False) -> list[int]:
+        """Tokenize exactly as the model's tokenizer does.
+
+        ``special=True`` parses special-token text (``<|im_end|>``) into its control
+        token; otherwise it is tokenized as plain text. No BOS is added.
+        """
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """Raw bytes of ``tokens`` (may end inside a UTF-8 sequence)."""
+        self._check_ids(tokens, allow_empty=True)
+        return b"".join(self.vocab.token_bytes[t] for t in tokens)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens``; an incomplete trailing UTF-8 sequence is replaced."""
+        return self.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A decoder that turns tokens into text as they arrive, holding back partial UTF-8."""
+        return StreamDecoder(self)
+
+    # -- evaluation --------------------------------------------------------------------
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The tokens whose keys/values the KV cache holds (a copy)."""
+        return list(self._cached)
+
+    @property
+    def n_cached(self) -> int:
+        return len(self._cached)
+
+    def eval(
+        self,
+        tokens: Sequence[int],
+        *,
+        logits: LogitsSelection = "last",
+        hidden: bool = False,
+    ) -> EvalOutput:
+        """Append ``tokens`` to the KV cache and evaluate them.
+
+        Returns logits (and hidden states with ``hidden=True``) at the positions chosen
+        by ``logits``, indexed relative to ``tokens``.
+        """
+        self._check_open()
+        toks = self._check_ids(tokens)
+        positions = self._select_positions(len(toks), logits)
+        needed = len(self._cached) + len(toks)
+        if needed > self.n_ctx:
+            raise ContextOverflowError(
+                f"{needed} tokens do not fit in the context window of {self.n_ctx} tokens "
+                f"({len(self._cached)} cached + {len(toks)} new). Shorten the input or load "
+                f"the model with a larger n_ctx.",
+                needed=needed,
+                n_ctx=self.n_ctx,
+            )
+        if hidden and not self.capabilities.hidden_states:
+            raise ModelStateError(f"The {self.backend} backend cannot return hidden states.")
+        out = self._eval(toks, positions, hidden)
+        self._cached.extend(toks)
+        self.stats.tokens_evaluated += len(toks)
+        self.stats.eval_calls += 1
+        return out
+
+    def rollback(self, n: int) -> None:
+        """Drop cached tokens after the first ``n``; the cache then holds ``n`` tokens."""
+        self._check_open()
+        if not 0 <= n <= len(self._cached):
+            raise TokenError(f"Cannot roll back to {n} tokens: the cache holds {len(self._cached)}.")
+        if n < len(self._cached):
+            self._rollback(n)
+            del self._cached[n:]
+
+    def reset(self) -> None:
+        """Clear the KV cache."""
+        self._check_open()
+        self._reset()
+        self._cached.clear()
+
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        *,
+        logits: LogitsSelection = "last",
+        hidden: bool = False,
+    ) -> EvalOutput:
+        """Make the cache hold exactly ``tokens``, evaluating only what is not cached yet.
+
+        The longest common prefix with :attr:`cached_tokens` is kept; the rest is rolled
+        back and the new suffix evaluated. At least one token is always evaluated so the
+        last position's logits are fresh. ``logits`` indices refer to the evaluated
+        suffix, whose start is ``len(tokens) - len(out.positions...)``; most callers use
+        the default ``"last"``.
+        """
+        toks = self._check_ids(tokens)
+        keep = common_prefix_length(self._cached, toks)
+        keep = min(keep, len(toks) - 1)
+        self.rollback(keep)
+        return self.eval(toks[keep:], logits=logits, hidden=hidden)
+
+    def eval_branches(
+        self,
+        prefix: Sequence[int],
+        branches: Sequence[Sequence[int]],
+        *,
+        hidden: bool = False,
+    ) -> list[EvalOutput]:
+        """Evaluate several continuations of one prefix, the prefix only once.
+
+        Returns, for each branch, logits at every position of ``[last prefix token] +
+        branch`` (so row ``i`` predicts ``branch[i]`` and the last row follows the
+        branch). Afterwards the cache holds ``prefix``. Backends with multi-sequence
+        support evaluate all branches in one batch.
+        """
+        self._check_open()
+        if not branches:
+            raise TokenError("eval_branches needs at least one branch.")
+        checked = [self._check_ids(b) for b in branches]
+        pre = self._check_ids(prefix)
+        longest = max(len(b) for b in checked)
+        if len(pre) + longest > self.n_ctx:
+            raise ContextOverflowError(
+                f"Prefix ({len(pre)}) plus the longest branch ({longest}) exceed the context "
+                f"window of {self.n_ctx} tokens.",
+                needed=len(pre) + longest,
+                n_ctx=self.n_ctx,
+            )
+        if hidden and not self.capabilities.hidden_states:
+            raise ModelStateError(f"The {self.backend} backend cannot return hidden states.")
+        first = self.prefill(pre, logits="last", hidden=hidden)
+        outs = self._eval_branches(checked, hidden)
+        results = []
+        for out in outs:
+            logits = np.concatenate([first.logits[-1:], out.logits], axis=0)
+            hid = None
+            if hidden:
+                assert first.hidden is not None and out.hidden is not None
+                hid = np.concatenate([first.hidden[-1:], out.hidden], axis=0)
+            results.append(EvalOutput(logits=logits, positions=[-1, *out.positions], hidden=hid))
+        return results
+
+    # -- adapters ----------------------------------------------------------------------
+
+    def load_lora(self, path: str | Path, *, scale: float = 1.0) -> LoraAdapter:
+        """Load a LoRA adapter (GGUF for llama.cpp, .mnn for MNN) and apply it at ``scale``."""
+        self._check_open()
+        if not self.capabilities.lora:
+            raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
+        p = Path(path)
+        if not p.is_file():
+            raise AdapterError(f"LoRA adapter file not found: {p}")
+        adapter = LoraAdapter(path=p, scale=float(scale), handle=self._load_lora(p))
+        self._loras.append(adapter)
+        self._apply_loras()
+        return adapter
+
+    def set_lora_scale(self, adapter: LoraAdapter, scale: float) -> None:
+        """Rescale a loaded adapter; 0 turns it off without unloading it."""
+        self._check_open()
+        if adapter not in self._loras:
+            raise AdapterError("That LoRA adapter is not loaded in this model.")
+        adapter.scale = float(scale)
+        self._apply_loras()
+
+    def remove_lora(self, adapter: LoraAdapter) -> None:
+        """Unload an adapter; the model then computes base logits again."""
+        self._check_open()
+        if adapter not in self._loras:
+            raise AdapterError("That LoRA adapter is not loaded in this model.")
+        self._loras.remove(adapter)
+        self._apply_loras()
+        self._free_lora(adapter)
+
+    @property
+    def loras(self) -> list[LoraAdapter]:
+        return list(self._loras)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free native memory. Further use raises :class:`ModelStateError`."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.name!r} backend={self.backend} path={str(self.path)!r}>"
+
+    # -- checks ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ModelStateError("This model has been closed; load it again to use it.")
+
+    def _check_ids(self, tokens: Sequence[int], *, allow_empty: bool = False) -> list[int]:
+        if isinstance(tokens, (str, bytes)):
+            raise TokenError("Expected a list of token ids, got text; call model.tokenize() first.")
+        toks = [int(t) for t in tokens]
+        if not toks and not allow_empty:
+            raise TokenError("Cannot evaluate an empty token list.")
+        n = self.vocab.size
+        bad = [t for t in toks if not 0 <= t < n]
+        if bad:
+            raise TokenError(f"Token ids out of range [0, {n}): {bad[:5]}")
+        return toks
+
+    @staticmethod
+    def _select_positions(n: int, logits: LogitsSelection) -> list[int]:
+        if isinstance(logits, str):
+            if logits == "last":
+                return [n - 1]
+            if logits == "all":
+                return list(range(n))
+            if logits == "none":
+                return []
+            raise TokenError(f"logits must be 'last', 'all', 'none' or a list of indices, got {logits!r}")
+        out = []
+        for i in logits:
+            j = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= j < n:
+                raise TokenError(f"Logits position {i} is outside the {n} evaluated tokens.")
+            out.append(j)
+        return out
+
+    # -- backend hooks -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _eval(self, tokens: list[int], positions: list[int], hidden: bool) -> EvalOutput:
+        """Evaluate ``tokens`` after the cache; return rows for ``positions``."""
+
+    @abc.abstractmethod
+    def _rollback(self, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def _reset(self) -> None: ...
+
+    def _eval_branches(self, branches: list[list[int]], hidden: bool) -> list[EvalOutput]:
+        """Default: one branch at a time, rolling back to the prefix after each."""
+        base = len(self._cached)
+        outs = []
+        for branch in branches:
+            outs.append(self.eval(branch, logits="all", hidden=hidden))
+            self.rollback(base)
+        return outs
+
+    def _load_lora(self, path: Path) -> object:
+        raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
+
+    def _apply_loras(self) -> None:
+        raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
+
+    def _free_lora(self, adapter: LoraAdapter) -> None:
+        return None
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...
+
+
+class StreamDecoder:
+    """Turns tokens into text incrementally, never splitting a UTF-8 character."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._pending = b""
+
+    def feed(self, token: int) -> str:
+        """Add one token; return the text that is now complete."""
+        data = self._pending + self._model.detokenize([token])
+        text, self._pending = split_complete_utf8(data)
+        return text
+
+    def flush(self) -> str:
+        """Return whatever is held back, with invalid bytes replaced."""
+        data, self._pending = self._pending, b""
+        return data.decode("utf-8", errors="replace")
+
+
+def split_complete_utf8(data: bytes) -> tuple[str, bytes]:
+    """Split ``data`` into decoded text and a trailing incomplete UTF-8 sequence.
+
+    Invalid bytes elsewhere are replaced with U+FFFD; only a tail that could still become
+    a valid character (at most 3 bytes) is held back.
+    """
+    for k in (1, 2, 3):
+        if len(data) >= k and _could_be_utf8_prefix(data[-k:]):
+            return data[:-k].decode("utf-8", errors="replace"), data[-k:]
+    return data.decode("utf-8", errors="replace"), b""
+
+
+def _could_be_utf8_prefix(tail: bytes) -> bool:
+    lead = tail[0]
+    if 0xF0 <= lead <= 0xF4:
+        width = 4
+    elif 0xE0 <= lead <= 0xEF:
+        width = 3
+    elif 0xC2 <= lead <= 0xDF:
+        width = 2
+    else:
+        return False
+    return len(tail) < width and all(0x80 <= b < 0xC0 for b in tail[1:])
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,433 @@
+"""GGUF models through llama-cpp-python's low-level API.
+
+The high-level ``llama_cpp.Llama`` hides what the layers above need (several sequences
+in one decode, KV-cache rollback, per-position hidden states), so this module drives
+``llama_decode`` directly with one persistent context.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    AdapterError,
+    BackendError,
+    BackendUnavailableError,
+    ModelLoadError,
+    ModelNotFoundError,
+)
+from .base import Capabilities, EvalOutput, LoraAdapter, Model, ModelInfo, Vocabulary
+from .chat_template import ChatTemplate, chatml_template
+
+logger = logging.getLogger("pocket_agent.llamacpp")
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+DEFAULT_N_SEQ = 8
+
+_init_lock = threading.Lock()
+_backend_ready = False
+_recent_log: collections.deque[str] = collections.deque(maxlen=40)
+_log_callback: Any = None  # kept alive: llama.cpp holds a raw pointer to it
+
+
+def _llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:  # pragma: no cover - exercised only without the dependency
+        raise BackendUnavailableError(
+            "GGUF models need llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'"
+        ) from exc
+    return llama_cpp
+
+
+def _ensure_backend() -> Any:
+    """Initialise llama.cpp once per process and route its log into ``logging``."""
+    global _backend_ready, _log_callback
+    lc = _llama_cpp()
+    with _init_lock:
+        if not _backend_ready:
+
+            @lc.llama_log_callback  # type: ignore[untyped-decorator]
+            def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+                msg = text.decode("utf-8", errors="replace")
+                _recent_log.append(msg)
+                if level == 3:
+                    logger.debug("llama.cpp error: %s", msg.rstrip())
+
+            _log_callback = _on_log
+            lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            lc.llama_backend_init()
+            _backend_ready = True
+    return lc
+
+
+def _recent_errors() -> str:
+    lines = [ln.strip() for ln in list(_recent_log)[-8:] if ln.strip()]
+    return "; ".join(lines[-4:])
+
+
+class LlamaCppModel(Model):
+    """A GGUF model evaluated by llama.cpp on the CPU.
+
+    ``n_seq`` sequences share one unified KV cache of ``n_ctx`` cells: sequence 0 is the
+    main cache, the others hold branches for :meth:`eval_branches`.
+    """
+
+    backend = "llamacpp"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int | None = None,
+        threads: int | None = None,
+        n_batch: int = DEFAULT_N_BATCH,
+        n_seq: int = DEFAULT_N_SEQ,
+        flash_attn: bool = False,
+    ) -> None:
+        super().__init__()
+        p = Path(path)
+        _check_gguf_file(p)
+        lc = _ensure_backend()
+        self._lc = lc
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        _recent_log.clear()
+        model = lc.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {p}: the file is not a valid GGUF model "
+                f"(corrupt, truncated or an unsupported architecture). llama.cpp said: {_recent_errors()}"
+            )
+        self._model = model
+        self._vocab_ptr = lc.llama_model_get_vocab(model)
+        n_ctx_train = int(lc.llama_model_n_ctx_train(model))
+        if n_ctx is None:
+            n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx_train > 0 else DEFAULT_N_CTX
+        if n_ctx < 8:
+            raise ModelLoadError(f"n_ctx must be at least 8, got {n_ctx}.")
+        threads = threads or default_threads()
+        self._n_batch = max(1, min(n_batch, n_ctx))
+        self._n_seq = max(1, n_seq)
+
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self._n_batch
+        cparams.n_ubatch = self._n_batch
+        cparams.n_seq_max = self._n_seq
+        cparams.kv_unified = True
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+        cparams.embeddings = False
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            self._close()
+            raise ModelLoadError(f"llama.cpp could not create a context for {p}: {_recent_errors()}")
+        self._ctx = ctx
+        self._mem = lc.llama_get_memory(ctx)
+        self._embeddings_on = False
+        self._threads = threads
+        self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
+
+        self.vocab = self._read_vocab()
+        n_vocab_logits = int(lc.llama_vocab_n_tokens(self._vocab_ptr))
+        self._n_vocab_logits = n_vocab_logits
+        self._n_embd = int(lc.llama_model_n_embd(model))
+        self.capabilities = Capabilities(multi_sequence=self._n_seq > 1, hidden_states=True, lora=True)
+        self.info = ModelInfo(
+            backend=self.backend,
+            path=p,
+            name=self.metadata("general.name") or p.stem,
+            architecture=self.metadata("general.architecture") or "unknown",
+            n_vocab=self.vocab.size,
+            n_ctx=min(n_ctx, int(lc.llama_n_ctx(ctx))),
+            n_ctx_train=n_ctx_train,
+            n_embd=self._n_embd,
+            file_size=p.stat().st_size,
+            chat_template_source="",
+            extra={"threads": str(threads), "quantization": self._file_type()},
+        )
+        tmpl = self._read_chat_template()
+        self._chat_template = tmpl
+        self.info = ModelInfo(**{**self.info.__dict__, "chat_template_source": tmpl.source})
+
+    # -- metadata ----------------------------------------------------------------------
+
+    def metadata(self, key: str) -> str | None:
+        """A GGUF metadata value as text, or None when the key is absent."""
+        lc = self._lc
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_model_meta_val_str(self._model, key.encode("utf-8"), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1
+
+    def _file_type(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self._lc.llama_model_desc(self._model, buf, 256)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def _read_chat_template(self) -> ChatTemplate:
+        raw = self.metadata("tokenizer.chat_template")
+        bos = _token_text(self.vocab, self.vocab.bos_id)
+        eos = _token_text(self.vocab, self.vocab.eos_ids[0] if self.vocab.eos_ids else None)
+        if raw:
+            return ChatTemplate(raw, source="gguf:tokenizer.chat_template", bos_token=bos, eos_token=eos)
+        return chatml_template(bos_token=bos)
+
+    def _read_vocab(self) -> Vocabulary:
+        lc = self._lc
+        vp = self._vocab_ptr
+        n = int(lc.llama_vocab_n_tokens(vp))
+        buf = ctypes.create_string_buffer(1024)
+        pieces: list[bytes] = []
+        special: set[int] = set()
+        eog: list[int] = []
+        control = lc.LLAMA_TOKEN_ATTR_CONTROL
+        user_defined = lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+        for tok in range(n):
+            k = lc.llama_token_to_piece(vp, tok, buf, 1024, 0, True)
+            piece = buf.raw[:k] if k > 0 else b""
+            pieces.append(piece)
+            attr = lc.llama_vocab_get_attr(vp, tok)
+            if attr & control or (attr & user_defined and piece.startswith(b"<") and piece.endswith(b">")):
+                special.add(tok)
+            if lc.llama_vocab_is_eog(vp, tok):
+                eog.append(tok)
+        eos = int(lc.llama_vocab_eos(vp))
+        eos_ids = ([eos] if eos >= 0 else []) + [t for t in eog if t != eos]
+        bos = int(lc.llama_vocab_bos(vp))
+        return Vocabulary(
+            token_bytes=tuple(pieces),
+            special_ids=frozenset(special),
+            eos_ids=tuple(eos_ids),
+            bos_id=bos if bos >= 0 else None,
+            add_bos=bool(lc.llama_vocab_get_add_bos(vp)),
+        )
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        assert self._chat_template is not None
+        return self._chat_template
+
+    # -- tokens --------------------------------------------------------------------------
+
+    def tokenize(self, text: str | bytes, *, special: bool = False) -> list[int]:
+        self._check_open()
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if not data:
+            return []
+        cap = len(data) + 8
+        arr = (self._lc.llama_token * cap)()
+        n = self._lc.llama_tokenize(self._vocab_ptr, data, len(data), arr, cap, False, special)
+        if n < 0:  # buffer too small: llama.cpp returns -needed
+            cap = -n
+            arr = (self._lc.llama_token * cap)()
+            n = self._lc.llama_tokenize(self._vocab_ptr, data, len(data), arr, cap, False, special)
+        if n < 0:
+            raise BackendError(f"llama.cpp failed to tokenize {len(data)} bytes.")
+        return list(arr[:n])
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings_on:
+            self._lc.llama_set_embeddings(self._ctx, on)
+            self._embeddings_on = on
+
+    def _decode(self, items: list[tuple[int, int, int, bool]]) -> None:
+        """Decode ``(token, pos, seq_id, want_output)`` items in one ``llama_decode``."""
+        b = self._batch
+        for i, (tok, pos, seq, out) in enumerate(items):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = 1 if out else 0
+        b.n_tokens = len(items)
+        rc = self._lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc}: {_recent_errors()}")
+
+    def _read_row(self, i: int, hidden: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        ptr = self._lc.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise BackendError(f"llama.cpp returned no logits for batch index {i}.")
+        logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab_logits,)).copy()
+        hid = None
+        if hidden:
+            eptr = self._lc.llama_get_embeddings_ith(self._ctx, i)
+            if not eptr:
+                raise BackendError(f"llama.cpp returned no hidden state for batch index {i}.")
+            hid = np.ctypeslib.as_array(eptr, shape=(self._n_embd,)).copy()
+        return logits, hid
+
+    def _eval(self, tokens: list[int], positions: list[int], hidden: bool) -> EvalOutput:
+        self._set_embeddings(hidden)
+        wanted = set(positions)
+        start = len(self._cached)
+        rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        for c0 in range(0, len(tokens), self._n_batch):
+            chunk = tokens[c0 : c0 + self._n_batch]
+            items = [(t, start + c0 + j, 0, (c0 + j) in wanted) for j, t in enumerate(chunk)]
+            try:
+                self._decode(items)
+            except BackendError:
+                # keep the Python view of the cache equal to what llama.cpp holds
+                self._lc.llama_memory_seq_rm(self._mem, 0, start, -1)
+                raise
+            for j in range(len(chunk)):
+                if (c0 + j) in wanted:
+                    rows[c0 + j] = self._read_row(j, hidden)
+        return _stack(rows, positions, hidden, self._n_vocab_logits)
+
+    def _eval_branches(self, branches: list[list[int]], hidden: bool) -> list[EvalOutput]:
+        if self._n_seq < 2:
+            return super()._eval_branches(branches, hidden)
+        self._set_embeddings(hidden)
+        base = len(self._cached)
+        results: list[EvalOutput] = []
+        # Group branches so each group fits the free sequence ids and one batch.
+        group: list[list[int]] = []
+        groups: list[list[list[int]]] = []
+        size = 0
+        for br in branches:
+            if len(br) > self._n_batch:
+                raise BackendError(f"A branch of {len(br)} tokens exceeds the batch size {self._n_batch}.")
+            if group and (len(group) >= self._n_seq - 1 or size + len(br) > self._n_batch):
+                groups.append(group)
+                group, size = [], 0
+            group.append(br)
+            size += len(br)
+        groups.append(group)
+        for grp in groups:
+            items: list[tuple[int, int, int, bool]] = []
+            spans = []
+            for k, br in enumerate(grp):
+                seq = k + 1
+                self._lc.llama_memory_seq_cp(self._mem, 0, seq, -1, -1)
+                spans.append((len(items), len(br)))
+                items.extend((t, base + j, seq, True) for j, t in enumerate(br))
+            try:
+                self._decode(items)
+                for s0, n in spans:
+                    rows = {j: self._read_row(s0 + j, hidden) for j in range(n)}
+                    results.append(_stack(rows, list(range(n)), hidden, self._n_vocab_logits))
+            finally:
+                for k in range(len(grp)):
+                    self._lc.llama_memory_seq_rm(self._mem, k + 1, -1, -1)
+        self.stats.tokens_evaluated += sum(len(b) for b in branches)
+        self.stats.eval_calls += len(groups)
+        return results
+
+    def _rollback(self, n: int) -> None:
+        if not self._lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+            raise BackendError(f"llama.cpp could not roll the cache back to {n} tokens.")
+
+    def _reset(self) -> None:
+        self._lc.llama_memory_clear(self._mem, True)
+
+    # -- LoRA ------------------------------------------------------------------------------
+
+    def _load_lora(self, path: Path) -> object:
+        _recent_log.clear()
+        handle = self._lc.llama_adapter_lora_init(self._model, str(path).encode("utf-8"))
+        if not handle:
+            raise AdapterError(f"llama.cpp rejected the LoRA adapter {path}: {_recent_errors()}")
+        return handle
+
+    def _apply_loras(self) -> None:
+        lc = self._lc
+        n = len(self._loras)
+        arr = (lc.llama_adapter_lora_p_ctypes * max(n, 1))(*[a.handle for a in self._loras])
+        scales = (ctypes.c_float * max(n, 1))(*[a.scale for a in self._loras])
+        rc = lc.llama_set_adapters_lora(self._ctx, arr if n else None, n, scales if n else None)
+        if rc != 0:
+            raise AdapterError(f"llama.cpp could not apply the LoRA adapters (code {rc}).")
+        # cached keys/values were computed with other weights
+        self.reset()
+
+    def _free_lora(self, adapter: LoraAdapter) -> None:
+        self._lc.llama_adapter_lora_free(adapter.handle)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        lc = self._lc
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        for a in self._loras:
+            lc.llama_adapter_lora_free(a.handle)
+        self._loras.clear()
+        if self._model:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - never raise from a finalizer
+            pass
+
+
+def _stack(
+    rows: dict[int, tuple[np.ndarray, np.ndarray | None]], positions: list[int], hidden: bool, n_vocab: int
+) -> EvalOutput:
+    if positions:
+        logits = np.stack([rows[p][0] for p in positions]).astype(np.float32, copy=False)
+    else:
+        logits = np.zeros((0, n_vocab), dtype=np.float32)
+    hid = None
+    if hidden and positions:
+        hid = np.stack([h for p in positions if (h := rows[p][1]) is not None]).astype(np.float32, copy=False)
+    return EvalOutput(logits=logits, positions=list(positions), hidden=hid)
+
+
+def _token_text(vocab: Vocabulary, tok: int | None) -> str:
+    if tok is None:
+        return ""
+    return vocab.token_bytes[tok].decode("utf-8", errors="replace")
+
+
+def _check_gguf_file(p: Path) -> None:
+    if not p.exists():
+        raise ModelNotFoundError(f"Model file not found: {p}")
+    if not p.is_file():
+        raise ModelNotFoundError(f"{p} is not a file; a GGUF model is a single .gguf file.")
+    with p.open("rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        raise ModelLoadError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes).")
+
+
+def default_threads() -> int:
+    """Threads to use when the caller gives none: the cores this process may run on."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, n)

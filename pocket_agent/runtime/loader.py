@@ -1,0 +1,144 @@
+"""``load_model``: pick the backend from the source and load the model.
+
+A ``.gguf`` file goes to llama.cpp; an MNN build (its ``config.json`` or the folder that
+holds it) goes to MNN. Without a source, ``POCKET_AGENT_MODEL`` is used, else the
+embedded default model. :func:`get_default_model` keeps one process-wide model that
+``extract``/``Agent``/``decide`` share.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
+from .base import Model
+from .default_model import default_model_path
+
+Backend = Literal["llamacpp", "mnn"]
+ENV_MODEL = "POCKET_AGENT_MODEL"
+MNN_CONFIG = "config.json"
+
+_default_lock = threading.Lock()
+_default_model: Model | None = None
+
+
+def resolve_source(source: str | os.PathLike[str] | None = None) -> Path:
+    """The model path ``load_model`` would use for ``source``."""
+    if source is None:
+        env = os.environ.get(ENV_MODEL)
+        return Path(env).expanduser() if env else default_model_path()
+    if not isinstance(source, (str, os.PathLike)):
+        raise InvalidInputError(f"source must be a path (str or PathLike), got {type(source).__name__}.")
+    if isinstance(source, str) and not source.strip():
+        raise InvalidInputError("source is an empty string; give a .gguf file or an MNN build folder.")
+    return Path(source).expanduser()
+
+
+def detect_backend(path: Path) -> tuple[Backend, Path]:
+    """Which backend loads ``path``, and the exact file to give it."""
+    if not path.exists():
+        raise ModelNotFoundError(f"Model not found: {path}")
+    if path.is_dir():
+        cfg = path / MNN_CONFIG
+        if cfg.is_file() and _looks_like_mnn_config(cfg):
+            return "mnn", cfg
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return "llamacpp", ggufs[0]
+        raise ModelNotFoundError(
+            f"{path} holds no model build: expected an MNN build (config.json + llm.mnn) or a single "
+            f".gguf file{'; found several .gguf files, name one' if ggufs else ''}."
+        )
+    if path.suffix.lower() == ".gguf":
+        return "llamacpp", path
+    if path.name.endswith(".json"):
+        if _looks_like_mnn_config(path):
+            return "mnn", path
+        raise ModelLoadError(f"{path} is not the config.json of an MNN LLM build (no llm_model/llm.mnn entry).")
+    with path.open("rb") as f:
+        if f.read(4) == b"GGUF":
+            return "llamacpp", path
+    raise ModelLoadError(f"{path} is neither a .gguf file nor the config.json of an MNN build.")
+
+
+def _looks_like_mnn_config(cfg: Path) -> bool:
+    import json
+
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    if "llm_model" in data or "llm_weight" in data:
+        return True
+    return (cfg.parent / "llm.mnn").is_file()
+
+
+def load_model(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    backend: Backend | None = None,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    **backend_options: Any,
+) -> Model:
+    """Load a model.
+
+    Args:
+        source: a ``.gguf`` file, an MNN build's ``config.json`` or its folder. ``None``
+            uses ``$POCKET_AGENT_MODEL``, else the embedded default model.
+        backend: ``"llamacpp"`` or ``"mnn"`` to override detection.
+        threads: CPU threads (default: all cores this process may use).
+        n_ctx: context window in tokens (default: the model's, capped at 4096).
+        backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` for
+            llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
+    """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")
+    if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 8):
+        raise InvalidInputError(f"n_ctx must be an integer >= 8, got {n_ctx!r}.")
+    path = resolve_source(source)
+    detected, target = detect_backend(path)
+    chosen = backend or detected
+    if chosen not in ("llamacpp", "mnn"):
+        raise InvalidInputError(f"backend must be 'llamacpp' or 'mnn', got {backend!r}.")
+    if chosen != detected:
+        raise InvalidInputError(f"{path} is a {detected} model; it cannot be loaded with backend={chosen!r}.")
+    if chosen == "llamacpp":
+        from .llamacpp import LlamaCppModel
+
+        return LlamaCppModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+    from .mnn import MnnModel
+
+    return MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+
+
+def get_default_model() -> Model:
+    """The process-wide default model, loaded on first use and then reused."""
+    global _default_model
+    with _default_lock:
+        if _default_model is None or _default_model.closed:
+            _default_model = load_model()
+        return _default_model
+
+
+def set_default_model(model: Model | None) -> None:
+    """Replace the process-wide default model (``None`` forgets it; the next use reloads)."""
+    global _default_model
+    with _default_lock:
+        _default_model = model
+
+
+def resolve_model(model: Model | str | os.PathLike[str] | None) -> Model:
+    """What every entry point does with its ``model=`` argument."""
+    if model is None:
+        return get_default_model()
+    if isinstance(model, Model):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model)
+    raise InvalidInputError(f"model must be a loaded Model, a path or None, got {type(model).__name__}.")

@@ -1,0 +1,58 @@
+"""Shared fixtures: real models only (the embedded default and the built fixtures)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pocket_agent.runtime import Model, default_model_path, load_model, set_default_model
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+FIXTURES = ROOT / "tests" / "fixtures"
+TINY_GGUF = FIXTURES / "tiny-qwen3" / "tiny-qwen3-f16.gguf"
+TINY_MNN = FIXTURES / "tiny-qwen3" / "mnn" / "config.json"
+THREADS = int(os.environ.get("POCKET_AGENT_TEST_THREADS", "2"))
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm(default_gguf: Path) -> Iterator[Model]:
+    """SmolLM2-135M-Instruct on llama.cpp, shared by the whole session and set as default."""
+    model = load_model(default_gguf, threads=THREADS)
+    set_default_model(model)
+    yield model
+    set_default_model(None)
+    model.close()
+
+
+@pytest.fixture
+def fresh_smollm(smollm: Model) -> Model:
+    """The shared model with an empty KV cache and zeroed counters."""
+    smollm.reset()
+    smollm.stats.tokens_evaluated = 0
+    smollm.stats.eval_calls = 0
+    return smollm
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf() -> Iterator[Model]:
+    if not TINY_GGUF.is_file():
+        pytest.fail(f"fixture model missing: {TINY_GGUF}; run scripts/build_fixtures.py")
+    model = load_model(TINY_GGUF, threads=THREADS)
+    yield model
+    model.close()
+
+
+def chat_ids(model: Model, question: str, system: str = "You are a helpful assistant.") -> list[int]:
+    text = model.chat_template.render(
+        [{"role": "system", "content": system}, {"role": "user", "content": question}], add_generation_prompt=True
+    )
+    return model.tokenize(text, special=True)
