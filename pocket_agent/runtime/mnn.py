@@ -7,7 +7,9 @@ in Python before it reaches C.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import json
 import os
 import threading
@@ -47,9 +49,15 @@ def _quiet_stdout() -> Iterator[None]:
             try:
                 yield
             finally:
+                _libc_fflush()  # C stdio buffers what MNN printed; drop it before restoring
                 os.dup2(fd, 1)
     finally:
         os.close(fd)
+
+
+def _libc_fflush() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
 
 
 def _mnn_llm() -> Any:
@@ -64,14 +72,16 @@ def _mnn_llm() -> Any:
 class MnnModel(Model):
     """An MNN LLM build evaluated by pymnn on the CPU.
 
-    pymnn holds one LLM per process: loading a second while the first is open raises
-    :class:`ModelStateError` instead of crashing. ``memory="low"`` (the export default)
+    pymnn holds one LLM per process: creating a second one crashes the interpreter, even
+    after the first was freed, so a second load raises :class:`ModelStateError` instead.
+    Run a second MNN model in another process. ``memory="low"`` (the export default)
     quantises activations at run time, so incremental decoding and a full recompute agree
     on the argmax but not bit for bit; ``memory="normal"`` is exact and ~4x slower.
     """
 
     backend = "mnn"
     _live: ClassVar[MnnModel | None] = None
+    _loaded_once: ClassVar[Path | None] = None
 
     def __init__(
         self,
@@ -89,21 +99,27 @@ class MnnModel(Model):
             cfg_path = cfg_path / "config.json"
         build = _read_build(cfg_path)
         with _live_lock:
-            live = MnnModel._live
-            if live is not None and not live.closed:
+            if MnnModel._loaded_once is not None:
                 raise ModelStateError(
-                    f"An MNN model is already loaded in this process ({live.path}); pymnn supports one "
-                    f"at a time. Call .close() on it first, or use a GGUF model for the second one."
+                    f"An MNN model was already loaded in this process ({MnnModel._loaded_once}); pymnn crashes "
+                    f"when a second one is created, even after the first is closed. Reuse the loaded model, load "
+                    f"the second one in another process, or use its GGUF form with llama.cpp."
                 )
+            MnnModel._loaded_once = cfg_path
             MnnModel._live = self
         self._llm: Any = None
         self._loaded = False
+        self._created = False
+        self._all_logits = False
+        self._noisy_next = False
         try:
             self._load(cfg_path, build, n_ctx, threads, memory, precision, config or {})
         except BaseException:
             with _live_lock:
                 if MnnModel._live is self:
                     MnnModel._live = None
+                if not self._created:  # nothing native was made: another load is still safe
+                    MnnModel._loaded_once = None
             raise
 
     def _load(
@@ -119,12 +135,13 @@ class MnnModel(Model):
         mnn_llm = _mnn_llm()
         threads = threads or default_threads()
         llm = mnn_llm.create(str(cfg_path.resolve()))
+        self._created = True
         settings = {
             "backend_type": "cpu",
             "thread_num": threads,
             "memory": memory,
             "precision": precision,
-            "all_logits": True,
+            "all_logits": self._all_logits,
             "use_template": False,
             "reuse_kv": False,
             **extra,
@@ -139,13 +156,14 @@ class MnnModel(Model):
             )
         self._llm = llm
         self._loaded = True
+        atexit.register(self.close)  # freeing pymnn during interpreter teardown segfaults
         self._threads = threads
         self._cfg_path = cfg_path
         llm_cfg = build.get("llm_config", {})
         probe = self._forward([0])
         n_vocab = int(probe.shape[-1])
         self._llm.reset()
-        self.vocab = self._read_vocab(cfg_path.parent, n_vocab)
+        self.vocab = self._read_vocab(cfg_path.parent, n_vocab, build.get("tokenizer_file"))
         trained = int(llm_cfg.get("max_position_embeddings", 0) or 0)
         if n_ctx is None:
             n_ctx = min(trained, DEFAULT_N_CTX) if trained > 0 else DEFAULT_N_CTX
@@ -169,8 +187,8 @@ class MnnModel(Model):
 
     # -- build files -------------------------------------------------------------------
 
-    def _read_vocab(self, folder: Path, n_vocab: int) -> Vocabulary:
-        special, stops = _tokenizer_special_ids(folder)
+    def _read_vocab(self, folder: Path, n_vocab: int, tokenizer_file: str | None) -> Vocabulary:
+        special, stops = _tokenizer_special_ids(folder, tokenizer_file)
         pieces: list[bytes] = []
         for tok in range(n_vocab):
             try:
@@ -296,12 +314,27 @@ class MnnModel(Model):
         arr = np.array(var.read(), dtype=np.float32, copy=True)  # read() aliases engine memory
         return arr.reshape(-1, arr.shape[-1])
 
+    def _set_all_logits(self, on: bool) -> None:
+        # Logits for every position cost about as much again as the prefill itself, so
+        # they are switched on only for calls that ask for more than the last position.
+        if on != self._all_logits:
+            with _quiet_stdout():
+                self._llm.set_config({"all_logits": on})
+            self._all_logits = on
+            self._noisy_next = True
+
     def _eval(self, tokens: list[int], positions: list[int], hidden: bool) -> EvalOutput:
         start = len(self._cached)
+        self._set_all_logits(bool(positions) and positions != [len(tokens) - 1])
         try:
-            logits = self._forward(tokens)
+            if self._noisy_next:  # the first forward after a reconfiguration prints a warning
+                with _quiet_stdout():
+                    logits = self._forward(tokens)
+                self._noisy_next = False
+            else:
+                logits = self._forward(tokens)
         except BaseException:
-            self._llm.erase_history(start, 0)
+            self._rollback(start)
             raise
         if logits.shape[0] != len(tokens):
             # builds without all-logits support return only the last row
@@ -313,7 +346,7 @@ class MnnModel(Model):
         return EvalOutput(logits=np.ascontiguousarray(rows), positions=list(positions))
 
     def _eval_stepwise(self, tokens: list[int], positions: list[int], start: int, _: np.ndarray) -> EvalOutput:
-        self._llm.erase_history(start, 0)
+        self._rollback(start)
         rows: dict[int, np.ndarray] = {}
         done = 0
         for p in sorted(set(positions)):
@@ -324,7 +357,9 @@ class MnnModel(Model):
         return EvalOutput(logits=np.stack([rows[p] for p in positions]), positions=list(positions))
 
     def _rollback(self, n: int) -> None:
-        self._llm.erase_history(n, 0)
+        with _quiet_stdout():
+            self._llm._c_obj.erase_history(n, 0)
+        self._noisy_next = True
 
     def _reset(self) -> None:
         self._llm.reset()
@@ -353,6 +388,7 @@ class MnnModel(Model):
         self._loaded = False
         self._loras.clear()
         self._llm = None
+        atexit.unregister(self.close)
         with _live_lock:
             if MnnModel._live is self:
                 MnnModel._live = None
@@ -383,22 +419,25 @@ def _read_build(cfg_path: Path) -> dict[str, Any]:
     return {**cfg, "llm_config": llm_cfg}
 
 
-def _tokenizer_special_ids(folder: Path) -> tuple[set[int], list[int]]:
-    """Special and stop token ids from the header of MNN's ``tokenizer.txt``.
+def _tokenizer_special_ids(folder: Path, tokenizer_file: str | None) -> tuple[set[int], list[int]]:
+    """Special and stop token ids from the header of MNN's tokenizer file.
 
-    The header is ``<magic> <type>`` then ``<n_special> <n_stop> <n_prefix>`` then the ids
-    of the special, stop and prefix tokens on one line.
+    Both ``tokenizer.txt`` and the binary ``tokenizer.mtok`` start with three text lines:
+    ``<magic> <type>``, ``<n_special> <n_stop> <n_prefix>``, then the ids of the special,
+    stop and prefix tokens.
     """
-    path = folder / "tokenizer.txt"
-    if not path.is_file():
+    names = [tokenizer_file] if tokenizer_file else []
+    names += ["tokenizer.mtok", "tokenizer.txt"]
+    path = next((folder / n for n in names if n and (folder / n).is_file()), None)
+    if path is None:
         return set(), []
-    with path.open("r", encoding="utf-8", errors="replace") as f:
-        f.readline()
-        counts = f.readline().split()
-        ids = [int(x) for x in f.readline().split()] if counts else []
     try:
+        with path.open("rb") as f:
+            f.readline()
+            counts = f.readline().split()
+            ids = [int(x) for x in f.readline().split()]
         n_special, n_stop = int(counts[0]), int(counts[1])
-    except (IndexError, ValueError):
+    except (IndexError, ValueError, OSError):
         return set(), []
     return set(ids[:n_special]), ids[n_special : n_special + n_stop]
 

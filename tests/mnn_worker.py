@@ -1,0 +1,108 @@
+"""Runs the MNN backend checks for one model in its own process and prints JSON results.
+
+pymnn holds one LLM per process (a second one crashes the interpreter), so each MNN model
+under test gets a fresh process: ``python tests/mnn_worker.py CONFIG [--paris]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from pocket_agent.errors import ContextOverflowError, ModelStateError, PocketAgentError, TokenError
+from pocket_agent.runtime import load_model
+
+
+def error_name(fn: Any) -> str:
+    try:
+        fn()
+    except PocketAgentError as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+def main(config: str, paris: bool) -> dict[str, Any]:
+    m = load_model(config, threads=2, n_ctx=512)
+    res: dict[str, Any] = {
+        "backend": m.info.backend,
+        "n_vocab": m.n_vocab,
+        "eos": [m.decode([t]) for t in m.vocab.eos_ids],
+        "template": m.chat_template.source,
+    }
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    ids = m.tokenize(m.chat_template.render(messages), special=True)
+    out = m.prefill(ids).logits[-1]
+    gen: list[int] = []
+    for _ in range(16):
+        tok = int(np.argmax(out))
+        if tok in m.vocab.eos_ids:
+            break
+        gen.append(tok)
+        out = m.eval([tok]).logits[-1]
+    res["answer"] = m.decode(gen)
+    steps = (gen + m.tokenize(" and more words here"))[:6]
+
+    # incremental decoding vs one full recompute
+    m.reset()
+    full = m.eval(ids + steps, logits="all").logits[len(ids) - 1 :]
+    m.reset()
+    rows = [m.eval(ids).logits[-1]] + [m.eval([t]).logits[-1] for t in steps]
+    inc = np.stack(rows)
+    res["inc_full_maxdiff"] = float(np.abs(inc - full).max())
+    res["inc_full_argmax_equal"] = bool(np.array_equal(inc.argmax(-1), full.argmax(-1)))
+
+    # rollback, then re-evaluation, reproduces the logits
+    m.rollback(len(ids))
+    a = m.eval(steps, logits="all").logits
+    m.eval(m.tokenize(" unrelated tokens"))
+    m.rollback(len(ids))
+    b = m.eval(steps, logits="all").logits
+    res["rollback_maxdiff"] = float(np.abs(a - b).max())
+
+    # prefix reuse evaluates only the new suffix
+    m.reset()
+    m.prefill(ids)
+    before = m.stats.tokens_evaluated
+    m.prefill(ids + steps)
+    res["prefix_reuse_evaluated"] = m.stats.tokens_evaluated - before
+    res["suffix_len"] = len(steps)
+
+    # chosen positions
+    m.reset()
+    sel = m.eval(ids, logits=[0, -1]).logits
+    m.reset()
+    allrows = m.eval(ids, logits="all").logits
+    res["positions_maxdiff"] = float(np.abs(sel - allrows[[0, -1]]).max())
+
+    text = "Invoice #42: total 12.50 EUR, 日本語"
+    res["roundtrip"] = m.decode(m.tokenize(text)) == text
+    res["special_im_end"] = m.tokenize("<|im_end|>", special=True) == [m.vocab.token_id("<|im_end|>")]
+    res["plain_im_end_len"] = len(m.tokenize("<|im_end|>"))
+
+    # misuse
+    res["err_empty"] = error_name(lambda: m.eval([]))
+    res["err_range"] = error_name(lambda: m.eval([m.n_vocab + 5]))
+    res["err_negative"] = error_name(lambda: m.eval([-3]))
+    res["err_second_model"] = error_name(lambda: load_model(config))
+    m.reset()
+    try:
+        m.eval(m.tokenize("word " * 600))
+        res["err_overflow"] = "no error"
+    except ContextOverflowError:
+        res["err_overflow"] = "ContextOverflowError"
+    res["cached_after_overflow"] = m.n_cached
+    m.close()
+    res["err_after_close"] = error_name(lambda: m.eval([1]))
+    res["err_reload_after_close"] = error_name(lambda: load_model(config))
+    assert TokenError and ModelStateError  # imported for the names above
+    return res
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], "--paris" in sys.argv)))
