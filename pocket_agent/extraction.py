@@ -1,0 +1,460 @@
+"""``extract()``: text in, a validated Pydantic object (or JSON-Schema-valid dict) out.
+
+The output is constrained by the schema's grammar token by token, so it always parses
+and matches the schema. Pydantic validators the grammar cannot express (cross-field
+checks) get a bounded retry that shows the model the error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+import jsonschema
+from pydantic import BaseModel, ValidationError
+
+from .errors import (
+    ContextOverflowError,
+    ExtractionError,
+    InvalidInputError,
+    PocketAgentError,
+    SchemaError,
+)
+from .generate import GenerationStats, SamplingParams, render_prompt, run_generation, stream_tokens
+from .runtime import Model, resolve_model
+
+T = TypeVar("T", bound=BaseModel)
+Schema = type[BaseModel] | Mapping[str, Any]
+DEFAULT_EXTRACT_MAX_TOKENS = 512
+
+SYSTEM_PROMPT = (
+    "You are a precise information extraction engine. Read the document and fill in the JSON fields. "
+    "Copy values exactly as they appear in the document. Answer with JSON only."
+)
+
+
+# -- schema handling ---------------------------------------------------------------------
+
+
+def _json_schema(schema: Schema) -> dict[str, Any]:
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema()
+    if isinstance(schema, Mapping):
+        return dict(schema)
+    raise InvalidInputError(
+        f"schema must be a Pydantic model class or a JSON Schema dict, got {type(schema).__name__}."
+    )
+
+
+def _resolve_ref(root: Mapping[str, Any], node: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = node.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return node
+    cur: Any = root
+    for part in ref[2:].split("/"):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return node
+        cur = cur[part]
+    return cur if isinstance(cur, Mapping) else node
+
+
+def _type_label(root: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+    node = _resolve_ref(root, node)
+    if "enum" in node:
+        return "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in node["enum"])
+    if "const" in node:
+        return f"exactly {json.dumps(node['const'], ensure_ascii=False)}"
+    for key in ("anyOf", "oneOf"):
+        if key in node:
+            return " or ".join(_type_label(root, n) for n in node[key] if isinstance(n, Mapping))
+    t = node.get("type")
+    if t == "array":
+        items = node.get("items")
+        return f"list of {_type_label(root, items)}" if isinstance(items, Mapping) else "list"
+    if t == "object" or "properties" in node:
+        return "object with " + ", ".join(node.get("properties", {}))
+    label = t if isinstance(t, str) else "/".join(t) if isinstance(t, list) else "value"
+    if node.get("format"):
+        label += f", format {node['format']}"
+    bounds = [f"{k} {node[k]}" for k in ("minimum", "maximum", "minLength", "maxLength", "pattern") if k in node]
+    return label + (f" ({'; '.join(bounds)})" if bounds else "")
+
+
+def describe_fields(schema: Mapping[str, Any]) -> str:
+    """The schema's fields as a short list a small model reads well: name, type, description."""
+    props = schema.get("properties")
+    if not isinstance(props, Mapping) or not props:
+        return json.dumps(schema, ensure_ascii=False)
+    required = set(schema.get("required", []))
+    lines = []
+    for name, node in props.items():
+        if not isinstance(node, Mapping):
+            continue
+        desc = node.get("description") or _resolve_ref(schema, node).get("description") or ""
+        opt = "" if name in required else ", optional"
+        lines.append(f"- {name} ({_type_label(schema, node)}{opt})" + (f": {desc}" if desc else ""))
+    return "\n".join(lines)
+
+
+def build_messages(
+    text: str,
+    schema: Mapping[str, Any],
+    *,
+    instructions: str | None = None,
+    examples: Sequence[tuple[str, Any]] | None = None,
+) -> list[dict[str, str]]:
+    """The chat messages ``extract`` sends: system rules, optional examples, then the document."""
+    head = "Extract these fields from the document:\n" + describe_fields(schema)
+    if instructions:
+        head = instructions.strip() + "\n\n" + head
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for ex_text, ex_out in examples or []:
+        if isinstance(ex_out, BaseModel):
+            ex_json = ex_out.model_dump_json()
+        else:
+            ex_json = json.dumps(ex_out, ensure_ascii=False, separators=(",", ":"))
+        messages.append({"role": "user", "content": f"{head}\n\nDocument:\n{ex_text}"})
+        messages.append({"role": "assistant", "content": ex_json})
+    messages.append({"role": "user", "content": f"{head}\n\nDocument:\n{text}"})
+    return messages
+
+
+# -- the extraction call -------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    model: Model
+    schema: Schema
+    json_schema: dict[str, Any]
+    grammar: Any
+    max_tokens: int
+
+
+def _prepare(schema: Schema, model: Model | str | None, max_tokens: int | None) -> _Prepared:
+    from .grammars import compile_grammar
+
+    js = _json_schema(schema)
+    if isinstance(schema, Mapping):
+        try:
+            jsonschema.validators.validator_for(js).check_schema(js)
+        except jsonschema.SchemaError as exc:
+            raise SchemaError(
+                f"Invalid JSON Schema: {exc.message} (at {'/'.join(map(str, exc.path)) or 'root'})"
+            ) from exc
+    m = resolve_model(model)
+    grammar = compile_grammar(schema if not isinstance(schema, Mapping) else js, m)
+    limit = DEFAULT_EXTRACT_MAX_TOKENS if max_tokens is None else max_tokens
+    if not isinstance(limit, int) or limit < 1:
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    return _Prepared(model=m, schema=schema, json_schema=js, grammar=grammar, max_tokens=limit)
+
+
+def _check_text(text: Any) -> str:
+    if not isinstance(text, str):
+        raise InvalidInputError(f"text must be a string, got {type(text).__name__}.")
+    if not text.strip():
+        raise InvalidInputError("text is empty; give the document to extract from.")
+    return text
+
+
+def _prompt_ids(p: _Prepared, messages: list[dict[str, str]], text_len: int) -> list[int]:
+    ids = render_prompt(p.model, messages)
+    needed = len(ids) + p.max_tokens
+    if needed > p.model.n_ctx:
+        raise ContextOverflowError(
+            f"The prompt is {len(ids)} tokens (the document is about {text_len} characters) and the output may "
+            f"need up to {p.max_tokens} more, but the model's context window is {p.model.n_ctx} tokens. Split the "
+            f"document into parts and extract from each, lower max_tokens, or load the model with a larger "
+            f"n_ctx. Nothing was cut: the instructions must stay whole.",
+            needed=needed,
+            n_ctx=p.model.n_ctx,
+        )
+    return ids
+
+
+def _validate(p: _Prepared, raw: str) -> Any:
+    """Parse and validate; raises ValidationError / jsonschema.ValidationError."""
+    if isinstance(p.schema, type) and issubclass(p.schema, BaseModel):
+        return p.schema.model_validate_json(raw)
+    data = json.loads(raw)
+    jsonschema.validate(data, p.json_schema)
+    return data
+
+
+def _error_text(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, jsonschema.ValidationError):
+        return str(exc.message)
+    return str(exc)
+
+
+def _extract_prepared(
+    p: _Prepared,
+    text: str,
+    *,
+    instructions: str | None,
+    examples: Sequence[tuple[str, Any]] | None,
+    retries: int,
+    sampling: SamplingParams | None,
+) -> Any:
+    messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
+    last_raw: str | None = None
+    last_error: Exception | None = None
+    for _attempt in range(retries + 1):
+        ids = _prompt_ids(p, messages, len(text))
+        result = run_generation(p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, sampling=sampling)
+        last_raw = result.text
+        try:
+            return _validate(p, result.text)
+        except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
+            last_error = exc
+            messages = [
+                *messages,
+                {"role": "assistant", "content": result.text},
+                {
+                    "role": "user",
+                    "content": f"That answer failed validation: {_error_text(exc)}. "
+                    "Read the document again and answer with corrected JSON.",
+                },
+            ]
+    raise ExtractionError(
+        f"The output failed validation after {retries + 1} attempt(s): {_error_text(last_error) if last_error else ''}",
+        last_output=last_raw,
+        errors=getattr(last_error, "errors", lambda: str(last_error))() if last_error else None,
+    )
+
+
+@overload
+def extract(
+    text: str,
+    schema: type[T],
+    *,
+    model: Model | str | None = ...,
+    instructions: str | None = ...,
+    examples: Sequence[tuple[str, Any]] | None = ...,
+    max_tokens: int | None = ...,
+    retries: int = ...,
+    sampling: SamplingParams | None = ...,
+) -> T: ...
+
+
+@overload
+def extract(
+    text: str,
+    schema: Mapping[str, Any],
+    *,
+    model: Model | str | None = ...,
+    instructions: str | None = ...,
+    examples: Sequence[tuple[str, Any]] | None = ...,
+    max_tokens: int | None = ...,
+    retries: int = ...,
+    sampling: SamplingParams | None = ...,
+) -> Any: ...
+
+
+def extract(
+    text: str,
+    schema: Schema,
+    *,
+    model: Model | str | None = None,
+    instructions: str | None = None,
+    examples: Sequence[tuple[str, Any]] | None = None,
+    max_tokens: int | None = None,
+    retries: int = 1,
+    sampling: SamplingParams | None = None,
+) -> Any:
+    """Extract ``schema`` from ``text``.
+
+    Args:
+        text: the document.
+        schema: a Pydantic model class (returns an instance) or a JSON Schema dict
+            (returns the parsed JSON, validated with ``jsonschema``).
+        model: a loaded model or path; default: the process-wide default model.
+        instructions: extra guidance placed before the field list.
+        examples: ``(document, expected_output)`` pairs shown to the model first.
+        max_tokens: output budget (default 512); running out raises
+            :class:`~pocket_agent.errors.OutputBudgetExceeded` with the partial text.
+        retries: extra attempts when a Pydantic validator the grammar cannot express
+            fails; afterwards :class:`~pocket_agent.errors.ExtractionError`.
+        sampling: sampling parameters (default greedy).
+    """
+    _check_text(text)
+    if not isinstance(retries, int) or retries < 0:
+        raise InvalidInputError(f"retries must be a non-negative integer, got {retries!r}.")
+    p = _prepare(schema, model, max_tokens)
+    return _extract_prepared(p, text, instructions=instructions, examples=examples, retries=retries, sampling=sampling)
+
+
+# -- many documents --------------------------------------------------------------------------
+
+
+@dataclass
+class ExtractOutcome(Generic[T]):
+    """One document's result in :func:`extract_many`: ``value`` or ``error``."""
+
+    index: int
+    value: Any = None
+    error: PocketAgentError | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class _Progress:
+    def __init__(self, total: int | None, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.done = 0
+        self.failed = 0
+        self.t0 = time.perf_counter()
+
+    def update(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += 0 if ok else 1
+        if not self.enabled:
+            return
+        rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+        total = f"/{self.total}" if self.total is not None else ""
+        bar = ""
+        if self.total:
+            filled = int(30 * self.done / self.total)
+            bar = "[" + "#" * filled + "-" * (30 - filled) + "] "
+        sys.stderr.write(f"\r{bar}{self.done}{total} docs, {self.failed} failed, {rate:.2f} docs/s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.done:
+            sys.stderr.write("\n")
+
+
+def extract_many(
+    texts: Iterable[Any],
+    schema: Schema,
+    *,
+    model: Model | str | None = None,
+    instructions: str | None = None,
+    examples: Sequence[tuple[str, Any]] | None = None,
+    max_tokens: int | None = None,
+    retries: int = 1,
+    progress: bool | None = None,
+) -> Iterator[ExtractOutcome[Any]]:
+    """Extract from many documents, yielding one :class:`ExtractOutcome` per document in order.
+
+    The prompt shared by every document (system rules, field list, examples) stays in the
+    KV cache, so each document evaluates only its own tokens. A bad document (wrong type,
+    too long, output budget exhausted, validation failure) is reported on its outcome and
+    the run goes on. An exception instance among ``texts`` (how a reader flags an
+    unreadable record) is reported as that item's error. ``progress`` shows a progress bar on stderr (default: when stderr is
+    a terminal).
+    """
+    p = _prepare(schema, model, max_tokens)
+    show = sys.stderr.isatty() if progress is None else progress
+    total = len(texts) if isinstance(texts, Sequence) else None
+    bar = _Progress(total, show)
+    try:
+        for i, text in enumerate(texts):
+            t0 = time.perf_counter()
+            try:
+                if isinstance(text, PocketAgentError):
+                    raise text
+                _check_text(text)
+                value = _extract_prepared(
+                    p, text, instructions=instructions, examples=examples, retries=retries, sampling=None
+                )
+                outcome: ExtractOutcome[Any] = ExtractOutcome(index=i, value=value)
+            except PocketAgentError as exc:
+                outcome = ExtractOutcome(index=i, error=exc)
+            outcome.seconds = time.perf_counter() - t0
+            bar.update(outcome.ok)
+            yield outcome
+    finally:
+        bar.close()
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+def complete_fields(prefix: str) -> dict[str, Any]:
+    """Top-level fields of a JSON object whose values are complete in ``prefix``.
+
+    A value counts as complete once the delimiter after it (``,`` or ``}``) has arrived,
+    so a number like ``12`` is not reported before it could still become ``123``.
+    """
+    dec = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    i = prefix.find("{")
+    if i < 0:
+        return out
+    i += 1
+    n = len(prefix)
+    while i < n:
+        while i < n and prefix[i] in " \t\r\n,":
+            i += 1
+        if i >= n or prefix[i] == "}":
+            break
+        try:
+            key, i = dec.raw_decode(prefix, i)
+        except ValueError:
+            break
+        while i < n and prefix[i] in " \t\r\n":
+            i += 1
+        if i >= n or prefix[i] != ":":
+            break
+        i += 1
+        while i < n and prefix[i] in " \t\r\n":
+            i += 1
+        try:
+            value, j = dec.raw_decode(prefix, i)
+        except ValueError:
+            break
+        k = j
+        while k < n and prefix[k] in " \t\r\n":
+            k += 1
+        if k >= n or prefix[k] not in ",}":
+            break
+        out[str(key)] = value
+        i = k
+    return out
+
+
+def extract_stream(
+    text: str,
+    schema: Schema,
+    *,
+    model: Model | str | None = None,
+    instructions: str | None = None,
+    examples: Sequence[tuple[str, Any]] | None = None,
+    max_tokens: int | None = None,
+) -> Iterator[Any]:
+    """Yield partial results as fields complete, then the validated object.
+
+    Each partial result is a dict of the top-level fields completed so far (a new dict
+    each time a field completes). The last item is the same value :func:`extract`
+    returns. A failed validation raises :class:`ExtractionError` (no retry in streaming).
+    """
+    _check_text(text)
+    p = _prepare(schema, model, max_tokens)
+    messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
+    ids = _prompt_ids(p, messages, len(text))
+    stats = GenerationStats()
+    buf: list[str] = []
+    seen = 0
+    for ev in stream_tokens(p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, stats=stats):
+        buf.append(ev.text)
+        fields = complete_fields("".join(buf))
+        if len(fields) > seen:
+            seen = len(fields)
+            yield fields
+    raw = "".join(buf)
+    try:
+        yield _validate(p, raw)
+    except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
+        raise ExtractionError(f"The output failed validation: {_error_text(exc)}", last_output=raw) from exc
