@@ -7,7 +7,7 @@ cd "$ROOT"
 source "$ROOT/scripts/setup_env.sh" "dev,convert"
 PY="$ROOT/.venv/bin/python"
 # SmolLM2 converted to MNN, built once per machine into ~/.cache/pocket_agent (about a minute).
-"$PY" scripts/build_smollm2_mnn.py
+"$PY" scripts/build_fixtures.py --skip-tiny --smollm2
 set +e
 "$PY" -m pytest "$@"
 rc=$?
