@@ -144,10 +144,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
     schema = load_schema(args.schema)
     model = load_model(args.model, threads=args.threads)
     if args.many:
-        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
         failed = 0
         try:
-            for res in extract_many(_read_jsonl_texts(Path(args.many)), schema, model=model, max_tokens=args.max_tokens):
+            for res in extract_many(
+                _read_jsonl_texts(Path(args.many)), schema, model=model, max_tokens=args.max_tokens
+            ):
                 row: dict[str, Any] = {"index": res.index, "ok": res.ok}
                 if res.ok:
                     row["value"] = _jsonable(res.value)

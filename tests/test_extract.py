@@ -10,9 +10,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+from conftest import ROOT
 from pydantic import BaseModel, Field, model_validator
 
-from conftest import ROOT
 from pocket_agent import extract, extract_many, extract_stream, generate
 from pocket_agent.errors import (
     ContextOverflowError,
@@ -173,9 +173,7 @@ def test_sampling_is_seeded(smollm: Model) -> None:
 
 def test_cli_extract_many_keeps_going_past_a_corrupt_line(tmp_path: Path) -> None:
     inp = tmp_path / "in.jsonl"
-    inp.write_text(
-        json.dumps({"text": RECEIPT}) + "\n{not json\n" + json.dumps(RECEIPT.replace("9.00", "3.10")) + "\n"
-    )
+    inp.write_text(json.dumps({"text": RECEIPT}) + "\n{not json\n" + json.dumps(RECEIPT.replace("9.00", "3.10")) + "\n")
     out = tmp_path / "out.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "pocket_agent", "extract", "--schema", "examples.invoice_schema:Invoice"]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import ROOT, TINY_MNN
 
 # memory="low" (the export default) quantises activations at run time, so a 1-token

@@ -1,0 +1,302 @@
+"""Extraction benchmark: pocket_agent.extract vs the peers a user would pick, in one run.
+
+Same model (the embedded SmolLM2-135M-Instruct GGUF), same threads, same schema, same
+documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt for all:
+
+  ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens)
+  llama-cpp     llama-cpp-python create_chat_completion(response_format=json_object+schema)
+  outlines      outlines 1.3 Generator over the same llama.cpp model
+  unconstrained plain generation of the same JSON with our runtime (no grammar)
+
+Reports per contender: seconds per document, output tokens/s, share of outputs that parse
+and validate, SROIE per-field exact match; for ours also mask time per token (median,
+p99), share of fast-forwarded tokens and compile time.
+
+    python bench/extract.py [--docs 20] [--threads 2] [--out bench/extract.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel, Field
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "sroie" / "receipts.jsonl"
+MAX_TOKENS = 256
+FIELDS = ("company", "date", "address", "total")
+
+
+class Receipt(BaseModel):
+    """SROIE task 3 key fields."""
+
+    company: str = Field(description="the company (shop) name at the top of the receipt")
+    date: str = Field(description="the date of the receipt as written")
+    address: str = Field(description="the shop's full address")
+    total: float = Field(description="the total amount paid, a number")
+
+
+def closed_schema() -> dict[str, Any]:
+    s = Receipt.model_json_schema()
+    s["additionalProperties"] = False
+    return s
+
+
+def load_docs(n: int) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows[:n]
+
+
+def norm(v: Any) -> str:
+    return " ".join(str(v).split()).casefold()
+
+
+def field_matches(pred: dict[str, Any] | None, expected: dict[str, Any]) -> dict[str, bool]:
+    out = {}
+    for f in FIELDS:
+        if pred is None or f not in pred:
+            out[f] = False
+        elif f == "total":
+            try:
+                out[f] = abs(float(pred[f]) - float(str(expected[f]).replace(",", ""))) < 1e-6
+            except (TypeError, ValueError):
+                out[f] = False
+        else:
+            out[f] = norm(pred[f]) == norm(expected[f])
+    return out
+
+
+def parse_valid(text: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+        jsonschema.validate(data, schema)
+    except (ValueError, jsonschema.ValidationError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Result:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seconds: list[float] = []
+        self.tokens: list[int] = []
+        self.valid: list[bool] = []
+        self.matches: list[dict[str, bool]] = []
+        self.mask_us: list[float] = []
+        self.forced = 0
+        self.decode_step_s: list[float] = []
+        self.compile_ms = float("nan")
+        self.errors: list[str] = []
+
+    def add(self, seconds: float, tokens: int, pred: dict[str, Any] | None, expected: dict[str, Any]) -> None:
+        self.seconds.append(seconds)
+        self.tokens.append(tokens)
+        self.valid.append(pred is not None)
+        self.matches.append(field_matches(pred, expected))
+
+    def tps(self) -> float:
+        return sum(self.tokens) / sum(self.seconds) if self.seconds else 0.0
+
+    def field_acc(self, f: str) -> float:
+        return sum(m[f] for m in self.matches) / len(self.matches) if self.matches else 0.0
+
+
+def run_ours(docs: list[dict[str, Any]], model: Any) -> Result:
+    from pocket_agent.errors import PocketAgentError
+    from pocket_agent.extraction import _prepare, build_messages
+    from pocket_agent.generate import render_prompt, run_generation
+    from pocket_agent.grammars import clear_cache
+
+    res = Result("ours (pocket_agent.extract)")
+    clear_cache()
+    t0 = time.perf_counter()
+    prepared = _prepare(Receipt, model, MAX_TOKENS)
+    res.compile_ms = (time.perf_counter() - t0) * 1000
+    schema = closed_schema()
+    for doc in docs:
+        ids = render_prompt(model, build_messages(doc["text"], schema))
+        t0 = time.perf_counter()
+        try:
+            out = run_generation(model, ids, grammar=prepared.grammar, max_tokens=MAX_TOKENS)
+        except PocketAgentError as exc:
+            res.errors.append(type(exc).__name__)
+            res.add(time.perf_counter() - t0, MAX_TOKENS, None, doc["expected"])
+            continue
+        dt = time.perf_counter() - t0
+        res.mask_us += [s * 1e6 for s in out.stats.mask_s]
+        res.forced += out.stats.forced_tokens
+        if out.stats.decode_calls:
+            res.decode_step_s.append(out.stats.decode_s / out.stats.decode_calls)
+        res.add(dt, out.stats.completion_tokens, parse_valid(out.text, schema), doc["expected"])
+    return res
+
+
+def run_unconstrained(docs: list[dict[str, Any]], model: Any) -> Result:
+    from pocket_agent.extraction import build_messages
+    from pocket_agent.generate import render_prompt, run_generation
+
+    res = Result("unconstrained (same runtime, no grammar)")
+    schema = closed_schema()
+    for doc in docs:
+        ids = render_prompt(model, build_messages(doc["text"], schema))
+        t0 = time.perf_counter()
+        out = run_generation(model, ids, max_tokens=MAX_TOKENS)
+        res.add(time.perf_counter() - t0, out.stats.completion_tokens, parse_valid(out.text, schema), doc["expected"])
+    return res
+
+
+def _llama(threads: int) -> Any:
+    from llama_cpp import Llama
+
+    from pocket_agent.runtime import default_model_path
+
+    return Llama(
+        str(default_model_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0
+    )
+
+
+def run_llama_cpp(docs: list[dict[str, Any]], threads: int, model: Any) -> Result:
+    from pocket_agent.extraction import build_messages
+
+    res = Result("llama-cpp-python json_object+schema")
+    llm = _llama(threads)
+    schema = closed_schema()
+    for doc in docs:
+        messages = build_messages(doc["text"], schema)
+        t0 = time.perf_counter()
+        out = llm.create_chat_completion(
+            messages=messages,  # type: ignore[arg-type]
+            response_format={"type": "json_object", "schema": schema},
+            temperature=0.0,
+            max_tokens=MAX_TOKENS,
+        )
+        dt = time.perf_counter() - t0
+        text = out["choices"][0]["message"]["content"] or ""  # type: ignore[index]
+        res.add(dt, int(out["usage"]["completion_tokens"]), parse_valid(text, schema), doc["expected"])  # type: ignore[index]
+    return res
+
+
+def run_outlines(docs: list[dict[str, Any]], threads: int, model: Any) -> Result:
+    import numba  # noqa: F401 - outlines-core's numpy kernels; without it outlines runs UNCONSTRAINED
+    import outlines
+
+    from pocket_agent.extraction import build_messages
+
+    res = Result("outlines (llama.cpp)")
+    llm = _llama(threads)
+    gen = outlines.Generator(outlines.from_llamacpp(llm), Receipt)
+    schema = closed_schema()
+    for doc in docs:
+        prompt = model.chat_template.render(build_messages(doc["text"], schema), add_generation_prompt=True)
+        t0 = time.perf_counter()
+        text = gen(prompt, max_tokens=MAX_TOKENS, temperature=0.0)
+        dt = time.perf_counter() - t0
+        n_tok = len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        res.add(dt, n_tok, parse_valid(text, schema), doc["expected"])
+    return res
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", nargs="+", default=["ours", "llama-cpp", "outlines", "unconstrained"])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    from pocket_agent.runtime import load_model
+
+    model = load_model(threads=args.threads)
+    docs = load_docs(args.docs)
+    runners: dict[str, Callable[[], Result]] = {
+        "ours": lambda: run_ours(docs, model),
+        "llama-cpp": lambda: run_llama_cpp(docs, args.threads, model),
+        "outlines": lambda: run_outlines(docs, args.threads, model),
+        "unconstrained": lambda: run_unconstrained(docs, model),
+    }
+    results = {}
+    for name in args.only:
+        print(f"running {name} on {len(docs)} documents...", file=sys.stderr)
+        results[name] = runners[name]()
+
+    ours = results.get("ours")
+    lines = [
+        "| contender | s/doc | output tok/s | parse+valid | company | date | address | total |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results.values():
+        lines.append(
+            f"| {r.name} | {statistics.mean(r.seconds):.2f} | {r.tps():.1f} | "
+            f"{sum(r.valid)}/{len(r.valid)} | " + " | ".join(f"{r.field_acc(f):.2f}" for f in FIELDS) + " |"
+        )
+    notes = []
+    if ours is not None:
+        n_out = sum(ours.tokens)
+        step = statistics.median(ours.decode_step_s) if ours.decode_step_s else float("nan")
+        mask_med = statistics.median(ours.mask_us) if ours.mask_us else float("nan")
+        notes += [
+            f"- ours: mask + apply per sampled token median {mask_med:.0f} us, p99 {pct(ours.mask_us, 0.99):.0f} us; "
+            f"median decode step {step * 1000:.1f} ms, so masking is {100 * mask_med / 1e6 / step:.1f}% of a step",
+            f"- ours: {ours.forced}/{n_out} output tokens fast-forwarded ({100 * ours.forced / max(n_out, 1):.0f}%), "
+            f"schema compile {ours.compile_ms:.1f} ms (cold cache)",
+        ]
+        if ours.errors:
+            notes.append(f"- ours: errors {ours.errors}")
+        for key in ("llama-cpp", "outlines"):
+            if key in results:
+                sp = statistics.mean(results[key].seconds) / statistics.mean(ours.seconds)
+                notes.append(f"- ours is {sp:.2f}x faster per document than {results[key].name}")
+        if "unconstrained" in results:
+            notes.append(
+                f"- effective output tokens/s: ours {ours.tps():.1f} vs unconstrained "
+                f"{results['unconstrained'].tps():.1f} ({ours.tps() / results['unconstrained'].tps():.2f}x)"
+            )
+    table = "\n".join(lines)
+    print(table)
+    print("\n".join(notes))
+    if args.out:
+        from importlib.metadata import version
+
+        vers = []
+        for pkg in ("llama-cpp-python", "llguidance", "outlines", "outlines-core", "numba", "pocket-agent-mnn"):
+            try:
+                vers.append(f"{pkg} {version(pkg)}")
+            except Exception:
+                vers.append(f"{pkg} not installed")
+        sys.path.insert(0, str(ROOT / "bench"))
+        from runtime import machine
+
+        args.out.write_text(
+            "# Extraction benchmark\n\n"
+            f"Generated by `python bench/extract.py --docs {args.docs} --threads {args.threads} --out {args.out}` "
+            f"on {time.strftime('%Y-%m-%d')}.\n\n"
+            f"- Machine: {machine()}; shared and noisy, so compare rows of one run.\n"
+            f"- Python {platform.python_version()}; {', '.join(vers)}\n"
+            f"- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), {args.threads} threads, greedy, "
+            f"max_tokens {MAX_TOKENS}.\n"
+            f"- Data: first {len(docs)} SROIE receipts (../shared/data/sroie), schema "
+            "{company, date, address, total: number} closed; the same chat prompt for every contender. "
+            "Field scores are exact match after whitespace normalisation and case-folding; total as a number.\n\n"
+            f"{table}\n\n" + "\n".join(notes) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
