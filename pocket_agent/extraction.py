@@ -352,8 +352,8 @@ def extract_many(
     KV cache, so each document evaluates only its own tokens. A bad document (wrong type,
     too long, output budget exhausted, validation failure) is reported on its outcome and
     the run goes on. An exception instance among ``texts`` (how a reader flags an
-    unreadable record) is reported as that item's error. ``progress`` shows a progress bar on stderr (default: when stderr is
-    a terminal).
+    unreadable record) is reported as that item's error. ``progress`` shows a progress
+    bar on stderr (default: when stderr is a terminal).
     """
     p = _prepare(schema, model, max_tokens)
     show = sys.stderr.isatty() if progress is None else progress

@@ -176,8 +176,10 @@ def test_cli_extract_many_keeps_going_past_a_corrupt_line(tmp_path: Path) -> Non
     inp.write_text(json.dumps({"text": RECEIPT}) + "\n{not json\n" + json.dumps(RECEIPT.replace("9.00", "3.10")) + "\n")
     out = tmp_path / "out.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "pocket_agent", "extract", "--schema", "examples.invoice_schema:Invoice"]
-        + ["--many", str(inp), "--out", str(out), "--threads", "2"],
+        [
+            *(sys.executable, "-m", "pocket_agent", "extract", "--schema", "examples.invoice_schema:Invoice"),
+            *("--many", str(inp), "--out", str(out), "--threads", "2"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

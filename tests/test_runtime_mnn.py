@@ -99,5 +99,5 @@ def test_mnn_folder_without_build_is_typed(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match=r"incomplete: missing llm\.mnn"):
         load_model(tmp_path)
     (tmp_path / "other.json").write_text("{}")
-    with pytest.raises(ModelLoadError, match="not the config.json of an MNN"):
+    with pytest.raises(ModelLoadError, match=r"not the config\.json of an MNN"):
         load_model(tmp_path / "other.json")
