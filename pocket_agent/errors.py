@@ -94,6 +94,30 @@ class OutputBudgetExceeded(GenerationError):  # noqa: N818 - reads as the event 
         self.tokens = tokens
 
 
+class ConstraintError(GenerationError):
+    """The grammar matcher cannot go on (resource limit hit, internal error, misuse).
+
+    ``detail`` holds the grammar engine's error text.
+    """
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class TokenRejectedError(ConstraintError):
+    """A token was fed to the matcher that the grammar does not allow at that point.
+
+    ``token`` is the rejected id, ``position`` how many tokens the matcher had consumed
+    before it; the matcher itself is left unchanged (still usable).
+    """
+
+    def __init__(self, message: str, *, token: int, position: int, detail: str = "") -> None:
+        super().__init__(message, detail=detail)
+        self.token = token
+        self.position = position
+
+
 class ExtractionError(GenerationError):
     """The model's output parsed but failed validation after every retry."""
 
@@ -122,6 +146,7 @@ __all__ = [
     "AdapterError",
     "BackendError",
     "BackendUnavailableError",
+    "ConstraintError",
     "ContextOverflowError",
     "ConversionError",
     "ExtractionError",
@@ -135,6 +160,7 @@ __all__ = [
     "PocketAgentError",
     "SchemaError",
     "TokenError",
+    "TokenRejectedError",
     "ToolArgumentError",
     "ToolError",
     "UnsupportedSchemaError",

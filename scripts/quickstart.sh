@@ -3,4 +3,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh" ""
-exec "$ROOT/.venv/bin/python" "$ROOT/examples/quickstart.py"
+cd "$ROOT/examples" && exec "$ROOT/.venv/bin/python" extract_invoice.py

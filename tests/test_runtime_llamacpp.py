@@ -116,9 +116,18 @@ def test_prefix_reuse_evaluates_only_suffix(fresh_smollm: Model) -> None:
     m.reset()
     fresh = m.eval(extended).logits
     assert int(out.logits[-1].argmax()) == int(fresh[-1].argmax())
-    # the same prompt again re-evaluates just the last token to refresh its logits
+    # the same prompt again (after generating past it) evaluates nothing and returns the
+    # very same logits as its first prefill
+    first = m.prefill(extended)
+    m.eval([int(first.logits[-1].argmax())])
     before = m.stats.tokens_evaluated
-    m.prefill(extended)
+    again = m.prefill(extended)
+    assert m.stats.tokens_evaluated - before == 0
+    assert m.n_cached == len(extended)
+    np.testing.assert_array_equal(again.logits, first.logits)
+    # a prompt that only shares a prefix re-evaluates just its own last token
+    before = m.stats.tokens_evaluated
+    m.prefill(extended[:-1])
     assert m.stats.tokens_evaluated - before == 1
 
 

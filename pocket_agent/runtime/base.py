@@ -146,6 +146,10 @@ class Model(abc.ABC):
         self.stats = EvalStats()
         self._loras: list[LoraAdapter] = []
         self._chat_template: ChatTemplate | None = None
+        # (tokens, last-position logits) of the latest prefill: asking for the same prompt
+        # again returns these instead of re-evaluating its last token, whose logits from a
+        # 1-token batch differ numerically from the many-token batch (quantised kernels).
+        self._prefill_memo: tuple[list[int], EvalOutput] | None = None
 
     # -- static facts ----------------------------------------------------------------
 
@@ -241,12 +245,15 @@ class Model(abc.ABC):
         if n < len(self._cached):
             self._rollback(n)
             del self._cached[n:]
+            if self._prefill_memo is not None and n < len(self._prefill_memo[0]):
+                self._prefill_memo = None
 
     def reset(self) -> None:
         """Clear the KV cache."""
         self._check_open()
         self._reset()
         self._cached.clear()
+        self._prefill_memo = None
 
     def prefill(
         self,
@@ -259,15 +266,23 @@ class Model(abc.ABC):
 
         The longest common prefix with :attr:`cached_tokens` is kept; the rest is rolled
         back and the new suffix evaluated. At least one token is always evaluated so the
-        last position's logits are fresh. ``logits`` indices refer to the evaluated
-        suffix, whose start is ``len(tokens) - len(out.positions...)``; most callers use
-        the default ``"last"``.
+        last position's logits are fresh, except when ``tokens`` equals the previous
+        prefill's tokens and they are still cached: then the logits remembered from that
+        prefill are returned, so repeating a prompt gives bit-identical results. ``logits``
+        indices refer to the evaluated suffix; most callers use the default ``"last"``.
         """
         toks = self._check_ids(tokens)
         keep = common_prefix_length(self._cached, toks)
+        memo = self._prefill_memo
+        if logits == "last" and not hidden and memo is not None and keep == len(toks) and memo[0] == toks:
+            self.rollback(keep)
+            return EvalOutput(logits=memo[1].logits.copy(), positions=list(memo[1].positions))
         keep = min(keep, len(toks) - 1)
         self.rollback(keep)
-        return self.eval(toks[keep:], logits=logits, hidden=hidden)
+        out = self.eval(toks[keep:], logits=logits, hidden=hidden)
+        if logits == "last" and not hidden:
+            self._prefill_memo = (toks, EvalOutput(logits=out.logits.copy(), positions=list(out.positions)))
+        return out
 
     def eval_branches(
         self,
