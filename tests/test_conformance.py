@@ -10,13 +10,14 @@ second chance through :func:`pocket_agent.grammars.accepts` (flexible whitespace
 serialised with ``json.dumps`` defaults (spaces, ASCII escapes) through ``accepts``.
 
 Run as a script to print the summary and write ``bench/conformance.md`` and
-``bench/conformance.json``: ``python tests/test_conformance.py``. The test writes the
-same reports.
+``bench/conformance.json``: ``python tests/test_conformance.py``. The test prints the
+summary; with ``POCKET_AGENT_WRITE_REPORTS=1`` it also rewrites the committed reports.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import json
 import platform
 import sys
@@ -239,11 +240,12 @@ def summary_line(r: dict[str, Any]) -> str:
     )
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason=f"JSONSchemaBench data not found at {DATA}")
 def test_jsonschemabench_conformance(smollm: Any) -> None:
+    assert DATA.is_dir(), f"JSONSchemaBench data not found at {DATA}"
     r = run_conformance(smollm)
     print("\n" + summary_line(r))
-    write_reports(r)
+    if os.environ.get("POCKET_AGENT_WRITE_REPORTS"):
+        write_reports(r)
     assert r["schemas"] == 1362
     assert r["invalid_accepted"] == 0, r["invalid_accepted_list"]
     assert r["compiled_share"] >= MIN_COMPILED_SHARE
