@@ -17,15 +17,13 @@ summary; with ``POCKET_AGENT_WRITE_REPORTS=1`` it also rewrites the committed re
 from __future__ import annotations
 
 import collections
-import os
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parents[1] / ".." / "shared" / "data" / "jsonschemabench"
