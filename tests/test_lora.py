@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf  # the convert extra, which the test command installs
 import numpy as np
 import pytest
 from conftest import chat_ids
 
 from pocket_agent.errors import AdapterError
 from pocket_agent.runtime import Model
-
-gguf = pytest.importorskip("gguf", reason="gguf ships with the convert extra that the test command installs")
 
 N_EMBD = 576  # SmolLM2-135M
 
