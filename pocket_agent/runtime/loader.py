@@ -84,6 +84,7 @@ def load_model(
     backend: Backend | None = None,
     threads: int | None = None,
     n_ctx: int | None = None,
+    decision_adapter: str | os.PathLike[str] | None = None,
     **backend_options: Any,
 ) -> Model:
     """Load a model.
@@ -94,6 +95,7 @@ def load_model(
         backend: ``"llamacpp"`` or ``"mnn"`` to override detection.
         threads: CPU threads (default: all cores this process may use).
         n_ctx: context window in tokens (default: the model's, capped at 4096).
+        decision_adapter: a Dec adapter (folder, zip or head.safetensors) for ``decide()``.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` for
             llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
     """
@@ -108,13 +110,22 @@ def load_model(
         raise InvalidInputError(f"backend must be 'llamacpp' or 'mnn', got {backend!r}.")
     if chosen != detected:
         raise InvalidInputError(f"{path} is a {detected} model; it cannot be loaded with backend={chosen!r}.")
+    model: Model
     if chosen == "llamacpp":
         from .llamacpp import LlamaCppModel
 
-        return LlamaCppModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
-    from .mnn import MnnModel
+        model = LlamaCppModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+    else:
+        from .mnn import MnnModel
 
-    return MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+        model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+    if decision_adapter is not None:
+        try:
+            model.load_decision_adapter(decision_adapter)
+        except BaseException:
+            model.close()
+            raise
+    return model
 
 
 def get_default_model() -> Model:
