@@ -22,27 +22,34 @@ from .errors import (
 from .extraction import ExtractOutcome, extract, extract_many, extract_stream
 from .generate import GenerationResult, SamplingParams, generate
 from .runtime import Model, get_default_model, load_model, set_default_model
+from .tools import Agent, MaxStepsExceeded, RunResult, Step, Tool, ToolCall, tool
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
     "ContextOverflowError",
+    "ExtractOutcome",
     "ExtractionError",
     "GenerationError",
     "GenerationResult",
     "InvalidInputError",
+    "MaxStepsExceeded",
     "Model",
     "ModelError",
     "ModelLoadError",
     "ModelNotFoundError",
     "OutputBudgetExceeded",
     "PocketAgentError",
+    "RunResult",
     "SamplingParams",
     "SchemaError",
+    "Step",
+    "Tool",
     "ToolArgumentError",
+    "ToolCall",
     "ToolError",
     "UnsupportedSchemaError",
-    "ExtractOutcome",
     "__version__",
     "extract",
     "extract_many",
@@ -51,4 +58,5 @@ __all__ = [
     "get_default_model",
     "load_model",
     "set_default_model",
+    "tool",
 ]

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import jsonschema
 from pydantic import BaseModel, ValidationError
@@ -100,26 +100,43 @@ def describe_fields(schema: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PromptLayout = Literal["fields_first", "document_first", "fields_first_plain"]
+DEFAULT_LAYOUT: PromptLayout = "fields_first"
+
+
 def build_messages(
     text: str,
     schema: Mapping[str, Any],
     *,
     instructions: str | None = None,
     examples: Sequence[tuple[str, Any]] | None = None,
+    layout: PromptLayout = DEFAULT_LAYOUT,
 ) -> list[dict[str, str]]:
-    """The chat messages ``extract`` sends: system rules, optional examples, then the document."""
+    """The chat messages ``extract`` sends: system rules, optional examples, then the document.
+
+    ``layout`` is how the request is laid out (compared on SROIE by bench/extract_prompts.py):
+    ``fields_first`` (the default) puts the field list before the document, so every
+    document shares the longest prompt prefix in the KV cache; ``document_first`` puts it
+    after; ``fields_first_plain`` leaves out pocket_agent's system message.
+    """
     head = "Extract these fields from the document:\n" + describe_fields(schema)
     if instructions:
         head = instructions.strip() + "\n\n" + head
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+
+    def user(doc: str) -> str:
+        if layout == "document_first":
+            return f"Document:\n{doc}\n\n{head}"
+        return f"{head}\n\nDocument:\n{doc}"
+
+    messages = [] if layout == "fields_first_plain" else [{"role": "system", "content": SYSTEM_PROMPT}]
     for ex_text, ex_out in examples or []:
         if isinstance(ex_out, BaseModel):
             ex_json = ex_out.model_dump_json()
         else:
             ex_json = json.dumps(ex_out, ensure_ascii=False, separators=(",", ":"))
-        messages.append({"role": "user", "content": f"{head}\n\nDocument:\n{ex_text}"})
+        messages.append({"role": "user", "content": user(ex_text)})
         messages.append({"role": "assistant", "content": ex_json})
-    messages.append({"role": "user", "content": f"{head}\n\nDocument:\n{text}"})
+    messages.append({"role": "user", "content": user(text)})
     return messages
 
 

@@ -15,7 +15,9 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_GGUF = FIXTURES / "tiny-qwen3" / "tiny-qwen3-f16.gguf"
 TINY_MNN = FIXTURES / "tiny-qwen3" / "mnn" / "config.json"
-THREADS = int(os.environ.get("POCKET_AGENT_TEST_THREADS", "2"))
+# One thread: on a shared 2-core machine llama.cpp's spinning thread barrier makes 2
+# threads up to 100x slower when the other core is busy.
+THREADS = int(os.environ.get("POCKET_AGENT_TEST_THREADS", "1"))
 
 
 @pytest.fixture(scope="session")

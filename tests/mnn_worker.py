@@ -25,7 +25,7 @@ def error_name(fn: Any) -> str:
 
 
 def main(config: str, paris: bool) -> dict[str, Any]:
-    m = load_model(config, threads=2, n_ctx=512)
+    m = load_model(config, threads=1, n_ctx=512)
     res: dict[str, Any] = {
         "backend": m.info.backend,
         "n_vocab": m.n_vocab,

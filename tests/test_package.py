@@ -73,7 +73,7 @@ def test_cli_generate_answers() -> None:
             "--system",
             "You are a helpful assistant.",
             "--threads",
-            "2",
+            "1",
             "--max-tokens",
             "24",
         ],

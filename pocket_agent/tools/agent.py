@@ -1,0 +1,701 @@
+"""The agent loop: ask the model for its next action under the tool-call grammar, run the
+calls, feed the results back, until the model answers.
+
+Safety rules the loop keeps:
+
+- only registered tools run; a call to anything else (possible only through
+  :meth:`Agent.execute` with hand-made calls) becomes an error observation;
+- tool results are data: they go back in the ``tool`` role, are tokenized as plain text
+  (a result cannot inject control tokens) and are never parsed or acted on by the library;
+- a tool marked ``confirm=True`` runs only if the ``confirm`` callback approves the call;
+- a tool that raises, times out or is denied becomes an error observation, not a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ..errors import GenerationError, InvalidInputError, OutputBudgetExceeded, ToolArgumentError
+from ..generate import GenerationStats, SamplingParams, stream_tokens
+from .errors import MaxStepsExceeded
+from .format import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ParsedTurn,
+    ToolCall,
+    build_grammar,
+    check_tool_choice,
+    output_schema,
+    parse_turn,
+    render_messages,
+    tokenize_prompt,
+)
+from .tool import Tool, as_tool
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from ..grammars.compiler import CompiledGrammar
+    from ..runtime import ChatTemplate, Model
+
+DEFAULT_MAX_RESULT_CHARS = 2000
+"""Tool results longer than this many characters are cut before the model sees them."""
+
+DEFAULT_STEP_TOKENS = 512
+"""Token budget of one assistant turn."""
+
+DEFAULT_MAX_STRING_CHARS = 256
+"""Free string arguments are closed by the grammar after this many characters."""
+
+DEFAULT_MAX_ARRAY_ITEMS = 16
+"""Argument arrays are closed by the grammar after this many items."""
+
+ResultStatus = Literal["ok", "error", "denied", "timeout"]
+
+
+@dataclass
+class ToolResult:
+    """What running one :class:`ToolCall` gave.
+
+    ``output`` is the Python value the tool returned (``status == "ok"``); ``content`` is
+    the text the model sees (after truncation); ``error`` explains a failure, denial or
+    timeout.
+    """
+
+    call: ToolCall
+    status: ResultStatus
+    content: str
+    output: Any = None
+    error: str | None = None
+    truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the tool ran and returned normally."""
+        return self.status == "ok"
+
+
+@dataclass
+class Step:
+    """One assistant turn: the model's tool calls (or final answer) and what came of them.
+
+    ``text`` is the raw model output. ``final`` is the answer (text, or the ``output`` object)
+    when the turn made no calls. ``results`` is empty until the calls are executed
+    (:meth:`Agent.step` never executes them). ``call_probability`` is set when the agent's
+    ``call_threshold`` decided between calling and answering.
+    """
+
+    index: int
+    text: str
+    tool_calls: list[ToolCall]
+    final: Any = None
+    results: list[ToolResult] = field(default_factory=list)
+    prompt_tokens: int = 0
+    prompt_tokens_evaluated: int = 0
+    completion_tokens: int = 0
+    forced_tokens: int = 0
+    generation_s: float = 0.0
+    tools_s: float = 0.0
+    finish_reason: str = ""
+    call_probability: float | None = None
+
+    @property
+    def is_final(self) -> bool:
+        """True when the model answered instead of calling tools."""
+        return not self.tool_calls
+
+
+@dataclass
+class Usage:
+    """Totals over a run."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_evaluated: int = 0
+    completion_tokens: int = 0
+    forced_tokens: int = 0
+    generation_s: float = 0.0
+    tools_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        """Generation plus tool time, in seconds."""
+        return self.generation_s + self.tools_s
+
+    def add(self, step: Step) -> None:
+        """Count one step into the totals."""
+        self.steps += 1
+        self.tool_calls += len(step.tool_calls)
+        self.prompt_tokens += step.prompt_tokens
+        self.prompt_tokens_evaluated += step.prompt_tokens_evaluated
+        self.completion_tokens += step.completion_tokens
+        self.forced_tokens += step.forced_tokens
+        self.generation_s += step.generation_s
+        self.tools_s += step.tools_s
+
+
+@dataclass
+class RunResult:
+    """The outcome of :meth:`Agent.run`: the ``final`` answer, every step, totals, and the
+    conversation (``messages``, OpenAI style) to continue from."""
+
+    final: Any
+    steps: list[Step]
+    usage: Usage
+    messages: list[dict[str, Any]]
+
+
+EventKind = Literal["text", "step", "tool_call", "tool_result", "final"]
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """Something that happened during a run, in order.
+
+    - ``text``: new output text of the current turn (``text``; ``forced`` when the grammar
+      dictated it); a call that repeats an earlier one of the same turn verbatim is streamed
+      before the turn is cut, so :attr:`Step.text` is the authoritative output;
+    - ``step``: a turn finished generating (``step``, before its calls run);
+    - ``tool_call``: a call is about to run (``call``);
+    - ``tool_result``: it finished (``result``);
+    - ``final``: the run is over (``run``).
+    """
+
+    kind: EventKind
+    step_index: int
+    text: str = ""
+    forced: bool = False
+    call: ToolCall | None = None
+    result: ToolResult | None = None
+    step: Step | None = None
+    run: RunResult | None = None
+
+
+ConfirmCallback = Callable[[ToolCall], bool]
+EventCallback = Callable[[AgentEvent], None]
+
+
+def _to_content(value: Any) -> str:
+    """A tool's return value as text for the model."""
+    if isinstance(value, str):
+        return value
+    try:
+        from pydantic import BaseModel
+
+        if isinstance(value, BaseModel):
+            return value.model_dump_json()
+    except ImportError:  # pragma: no cover
+        pass
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def truncate(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` characters with a note saying how much was dropped."""
+    if len(text) <= limit:
+        return text, False
+    return text[:limit] + f"\n[truncated: showing {limit} of {len(text)} characters]", True
+
+
+class Agent:
+    """A tool-calling loop over a local model whose tool calls are always well-formed.
+
+    Args:
+        tools: tools the model may call: :class:`Tool` objects, typed functions, Pydantic
+            model classes, or OpenAI-style spec dicts (see :func:`~pocket_agent.tools.tool`).
+        model: a loaded model, a model path, or ``None`` for the process-wide default
+            (loaded on first use).
+        instructions: system instructions placed before the tool descriptions.
+        output: type of the final answer: ``None`` for text, or a Pydantic model / type /
+            JSON Schema dict (the answer is then generated as JSON of that schema and
+            returned validated).
+        max_steps: most model turns in one :meth:`run`; past it :class:`MaxStepsExceeded`
+            is raised with the steps so far.
+        tool_timeout: seconds a tool may run; a slower call becomes an error observation
+            (its thread is abandoned, not killed). ``None``: no limit.
+        tool_choice: ``"auto"``, ``"required"``, ``"none"`` or a tool name. ``required`` and
+            a tool name apply to the first turn of a run only (then ``auto``), so a run can
+            end; ``none`` applies to every turn.
+        parallel_tool_calls: allow several calls in one turn (at most ``max_parallel_calls``;
+            a call that repeats an earlier one of the same turn verbatim ends the turn).
+        max_parallel_calls: most calls in one turn.
+        confirm: callback asked before running a tool marked ``confirm=True``; it gets the
+            :class:`ToolCall` and returns True to allow it. Without a callback such calls are
+            denied.
+        max_result_chars: budget for each tool result shown to the model; longer results
+            are truncated with a note.
+        max_tokens: token budget of one assistant turn.
+        sampling: how tokens are chosen (default greedy).
+        call_threshold: under ``tool_choice="auto"``, decide between calling and answering
+            by probability mass instead of the first sampled token: the turn is constrained
+            to tool calls when the model puts at least this probability on starting a call
+            (among the tokens the turn grammar allows), else to an answer. ``None`` (the
+            default) leaves the choice to sampling. Small models that rarely start a call on
+            their own (SmolLM2-135M puts 0.1-5% on it) benefit from a threshold like 0.005.
+        max_string_chars: the turn grammar closes a free string argument after this many
+            characters (a looping small model would otherwise fill the turn's budget inside
+            one string); calls stay schema-valid. ``None``: no cap. Strings with their own
+            ``maxLength``/``enum``/``pattern``/``format`` keep their constraint.
+        max_array_items: the same bound for the items of argument arrays.
+        chat_template: render prompts with this template instead of the model's own (e.g.
+            :func:`pocket_agent.runtime.chatml_template` for the Qwen tool format).
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Any] = (),
+        model: Model | str | None = None,
+        instructions: str | None = None,
+        output: Any = None,
+        max_steps: int = 8,
+        tool_timeout: float | None = None,
+        *,
+        tool_choice: str = "auto",
+        parallel_tool_calls: bool = True,
+        max_parallel_calls: int = 8,
+        confirm: ConfirmCallback | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        max_tokens: int = DEFAULT_STEP_TOKENS,
+        sampling: SamplingParams | None = None,
+        call_threshold: float | None = None,
+        max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
+        max_array_items: int | None = DEFAULT_MAX_ARRAY_ITEMS,
+        chat_template: ChatTemplate | None = None,
+    ) -> None:
+        if isinstance(tools, (str, bytes, Mapping)) or callable(tools):
+            tools = [tools]
+        self.tools: dict[str, Tool] = {}
+        for obj in tools:
+            t = as_tool(obj)
+            if t.name in self.tools:
+                raise InvalidInputError(f"Two tools are named {t.name!r}; tool names must be unique.")
+            self.tools[t.name] = t
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise InvalidInputError(f"max_steps must be a positive integer, got {max_steps!r}.")
+        if tool_timeout is not None and (not isinstance(tool_timeout, (int, float)) or tool_timeout <= 0):
+            raise InvalidInputError(f"tool_timeout must be a positive number of seconds or None, got {tool_timeout!r}.")
+        if not isinstance(max_parallel_calls, int) or max_parallel_calls < 1:
+            raise InvalidInputError(f"max_parallel_calls must be a positive integer, got {max_parallel_calls!r}.")
+        if not isinstance(max_result_chars, int) or max_result_chars < 1:
+            raise InvalidInputError(f"max_result_chars must be a positive integer, got {max_result_chars!r}.")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidInputError("instructions must be a string.")
+        if call_threshold is not None and not (isinstance(call_threshold, (int, float)) and 0 <= call_threshold <= 1):
+            raise InvalidInputError(f"call_threshold must be a probability in [0, 1] or None, got {call_threshold!r}.")
+        if max_string_chars is not None and (not isinstance(max_string_chars, int) or max_string_chars < 1):
+            raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars!r}.")
+        if max_array_items is not None and (not isinstance(max_array_items, int) or max_array_items < 1):
+            raise InvalidInputError(f"max_array_items must be a positive integer or None, got {max_array_items!r}.")
+        if confirm is not None and not callable(confirm):
+            raise InvalidInputError("confirm must be a callable taking a ToolCall and returning a bool.")
+        self.tool_choice = check_tool_choice(tool_choice, self.tools)
+        self._model_arg = model
+        self._model: Model | None = None
+        self.instructions = instructions
+        self.output = output
+        self._output_schema = output_schema(output)
+        self.max_steps = max_steps
+        self.tool_timeout = None if tool_timeout is None else float(tool_timeout)
+        self.parallel_tool_calls = parallel_tool_calls
+        self.max_parallel_calls = max_parallel_calls
+        self.confirm = confirm
+        self.max_result_chars = max_result_chars
+        self.max_tokens = max_tokens
+        self.sampling = sampling or SamplingParams()
+        self.call_threshold = None if call_threshold is None else float(call_threshold)
+        self.chat_template = chat_template
+        self.max_string_chars = max_string_chars
+        self.max_array_items = max_array_items
+        self._grammars: dict[str, CompiledGrammar] = {}
+        self._start_sets: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+
+    # -- model and grammar -------------------------------------------------------------------
+
+    @property
+    def model(self) -> Model:
+        """The model this agent drives (resolved, and loaded if needed, on first use)."""
+        if self._model is None:
+            from ..runtime import resolve_model
+
+            self._model = resolve_model(self._model_arg)
+        return self._model
+
+    def grammar_text(self, tool_choice: str | None = None) -> str:
+        """The Lark grammar that constrains one turn under ``tool_choice``."""
+        return build_grammar(
+            list(self.tools.values()),
+            tool_choice=self.tool_choice if tool_choice is None else tool_choice,
+            output=self._output_schema,
+            max_calls=self.max_parallel_calls if self.parallel_tool_calls else 1,
+            max_string_chars=self.max_string_chars,
+            max_array_items=self.max_array_items,
+            model=self.model,
+        )
+
+    def grammar(self, tool_choice: str | None = None) -> CompiledGrammar:
+        """The compiled turn grammar for this agent's model (cached per tool choice)."""
+        choice = self.tool_choice if tool_choice is None else check_tool_choice(tool_choice, self.tools)
+        g = self._grammars.get(choice)
+        if g is None:
+            g = compile_lark(self.grammar_text(choice), self.model)
+            self._grammars[choice] = g
+        return g
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """The registered tools as OpenAI-style specs (what the model is shown)."""
+        return [t.to_openai() for t in self.tools.values()]
+
+    # -- one turn ----------------------------------------------------------------------------
+
+    def _messages(self, task_or_messages: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        if isinstance(task_or_messages, str):
+            if not task_or_messages.strip():
+                raise InvalidInputError("The task is empty; say what the agent should do.")
+            return [{"role": "user", "content": task_or_messages}]
+        if isinstance(task_or_messages, Sequence) and not isinstance(task_or_messages, bytes):
+            msgs: list[dict[str, Any]] = []
+            for i, m in enumerate(task_or_messages):
+                if not isinstance(m, Mapping):
+                    raise InvalidInputError(f"messages[{i}] must be a dict with 'role' and 'content'.")
+                msgs.append(dict(m))
+            if not msgs:
+                raise InvalidInputError("messages is empty; give at least one message.")
+            for i, m in enumerate(msgs):
+                if not isinstance(m.get("role"), str):
+                    raise InvalidInputError(f"messages[{i}] needs a 'role'.")
+            return msgs
+        raise InvalidInputError(f"task must be a string or a list of messages, got {type(task_or_messages).__name__}.")
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], *, tool_choice: str | None = None) -> list[int]:
+        """Token ids of the prompt for the next turn after ``messages``."""
+        text, data = render_messages(
+            self.model,
+            messages,
+            list(self.tools.values()),
+            instructions=self.instructions,
+            show_tools=bool(self.tools),
+            template=self.chat_template,
+        )
+        return tokenize_prompt(self.model, text, data)
+
+    def call_probability(self, ids: Sequence[int]) -> float:
+        """Probability the model gives to starting a tool call after the prompt ``ids``,
+        among the tokens the ``auto`` turn grammar allows first."""
+        if self._start_sets is None:
+            from ..grammars import allowed_tokens
+
+            auto = allowed_tokens(self.grammar("auto").matcher().compute_mask())
+            calls = allowed_tokens(self.grammar("required").matcher().compute_mask())
+            self._start_sets = (auto, calls)
+        auto_ids, call_ids = self._start_sets
+        logits = self.model.prefill(list(ids)).logits[-1].astype(np.float64)
+        top = float(logits[auto_ids].max())
+        total = float(np.exp(logits[auto_ids] - top).sum())
+        return float(np.exp(logits[call_ids] - top).sum()) / total
+
+    def _turn(self, messages: Sequence[Mapping[str, Any]], index: int, tool_choice: str) -> Iterator[AgentEvent]:
+        model = self.model
+        ids = self.prompt_ids(messages)
+        t0 = time.perf_counter()
+        p_call: float | None = None
+        if tool_choice == "auto" and self.tools and self.call_threshold is not None:
+            p_call = self.call_probability(ids)
+            tool_choice = "required" if p_call >= self.call_threshold else "none"
+        grammar = self.grammar(tool_choice)
+        stats = GenerationStats()
+        tokens: list[int] = []
+        finish = "grammar"
+        watcher = _RepeatWatcher()
+        cut: int | None = None
+        gen = stream_tokens(
+            model, ids, grammar=grammar, max_tokens=self.max_tokens, sampling=self.sampling, stats=stats
+        )
+        try:
+            while True:
+                try:
+                    ev = next(gen)
+                except StopIteration as done:
+                    finish = str(done.value)
+                    break
+                tokens.extend(ev.tokens)
+                yield AgentEvent("text", index, text=ev.text, forced=ev.forced)
+                cut = watcher.feed(ev.text)
+                if cut is not None:
+                    # Greedy decoding of a small model tends to repeat a call verbatim; the
+                    # repeat adds nothing, so the turn ends before it.
+                    finish = "repeat"
+                    break
+        except OutputBudgetExceeded as exc:
+            # A free-text answer that ran out of budget is still an answer. Of tool calls only
+            # the complete ones are kept; a turn whose first call was cut off has no action.
+            partial = exc.partial
+            if partial.lstrip().startswith(CALL_OPEN):
+                end = partial.rfind(CALL_CLOSE)
+                if end < 0:
+                    raise
+                cut = end + len(CALL_CLOSE)
+                watcher.text = partial
+            elif self._output_schema is not None or not partial.strip():
+                raise
+            finish = "length"
+        finally:
+            gen.close()
+        elapsed = time.perf_counter() - t0
+        text = model.decode(tokens)
+        if cut is not None:
+            text = watcher.text[:cut]
+        parsed = self._parse(text, index)
+        final: Any = None
+        if parsed.is_final:
+            final = self._final_value(parsed.text)
+        step = Step(
+            index=index,
+            text=text,
+            tool_calls=parsed.calls,
+            final=final,
+            prompt_tokens=stats.prompt_tokens,
+            prompt_tokens_evaluated=stats.prompt_tokens_evaluated,
+            completion_tokens=stats.completion_tokens,
+            forced_tokens=stats.forced_tokens,
+            generation_s=elapsed,
+            finish_reason=finish,
+            call_probability=p_call,
+        )
+        yield AgentEvent("step", index, step=step)
+
+    def _parse(self, text: str, index: int) -> ParsedTurn:
+        try:
+            return parse_turn(text, self.tools, call_id_prefix=f"call_{index}_")
+        except ToolArgumentError as exc:  # the grammar makes this unreachable; never act on a bad call
+            raise GenerationError(f"The model produced a malformed tool call despite the grammar: {exc}") from exc
+
+    def _final_value(self, text: str) -> Any:
+        if self._output_schema is None:
+            return text.strip()
+        data = json.loads(text)
+        out = self.output
+        try:
+            from pydantic import BaseModel, TypeAdapter
+
+            if isinstance(out, type) and issubclass(out, BaseModel):
+                return out.model_validate(data)
+            if out is not None and not isinstance(out, Mapping):
+                return TypeAdapter(out).validate_python(data)
+        except Exception as exc:  # pydantic.ValidationError
+            raise GenerationError(f"The final answer does not validate against the output type: {exc}") from exc
+        return data
+
+    def step(self, task_or_messages: str | Sequence[Mapping[str, Any]], *, tool_choice: str | None = None) -> Step:
+        """The model's next action for a task or conversation, without executing anything.
+
+        Returns a :class:`Step` whose ``tool_calls`` (validated, registered tools only) or
+        ``final`` answer say what the model would do. Use it for human-in-the-loop flows
+        (inspect, then :meth:`execute`) and for evaluation.
+        """
+        messages = self._messages(task_or_messages)
+        choice = self.tool_choice if tool_choice is None else check_tool_choice(tool_choice, self.tools)
+        step: Step | None = None
+        for ev in self._turn(messages, 0, choice):
+            if ev.kind == "step":
+                step = ev.step
+        assert step is not None
+        return step
+
+    # -- running tools -----------------------------------------------------------------------
+
+    def execute(self, call: ToolCall) -> ToolResult:
+        """Run one call under the agent's rules (registered tools only, confirmation,
+        timeout, errors as observations, truncation)."""
+        t0 = time.perf_counter()
+
+        def done(status: ResultStatus, content: str, *, output: Any = None, error: str | None = None) -> ToolResult:
+            text, cut = truncate(content, self.max_result_chars)
+            return ToolResult(
+                call=call,
+                status=status,
+                content=text,
+                output=output,
+                error=error,
+                truncated=cut,
+                duration_s=time.perf_counter() - t0,
+            )
+
+        tool = self.tools.get(call.name)
+        if tool is None:
+            msg = f"There is no tool named {call.name!r}. Available: {', '.join(sorted(self.tools)) or 'none'}."
+            return done("error", f"Error: {msg}", error=msg)
+        try:
+            kwargs = tool.validate(call.arguments)
+        except ToolArgumentError as exc:
+            return done("error", f"Error: {exc}", error=str(exc))
+        if tool.confirm:
+            approved = False
+            reason = "no confirmation callback is configured"
+            if self.confirm is not None:
+                try:
+                    approved = bool(self.confirm(call))
+                    reason = "the user denied it"
+                except Exception as exc:
+                    reason = f"the confirmation callback failed ({type(exc).__name__}: {exc})"
+            if not approved:
+                msg = f"The call to {call.name} was not run: {reason}."
+                return done("denied", f"Error: {msg}", error=msg)
+        status, value, err = _run_with_timeout(lambda: tool.call_validated(kwargs), self.tool_timeout, call.name)
+        if status == "ok":
+            return done("ok", _to_content(value), output=value)
+        if status == "timeout":
+            msg = f"{call.name} did not finish within {self.tool_timeout:g} s and was abandoned."
+            return done("timeout", f"Error: {msg}", error=msg)
+        assert err is not None
+        msg = f"{type(err).__name__}: {err}"
+        return done("error", f"Error: {msg}", error=msg)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _loop(self, task: str | Sequence[Mapping[str, Any]]) -> Iterator[AgentEvent]:
+        messages = self._messages(task)
+        steps: list[Step] = []
+        usage = Usage()
+        choice = self.tool_choice
+        for index in range(self.max_steps):
+            step: Step | None = None
+            for ev in self._turn(messages, index, choice):
+                if ev.kind == "step":
+                    step = ev.step
+                yield ev
+            assert step is not None
+            if choice != "none":
+                choice = "auto"
+            steps.append(step)
+            if step.is_final:
+                usage.add(step)
+                messages.append({"role": "assistant", "content": step.text})
+                result = RunResult(final=step.final, steps=steps, usage=usage, messages=messages)
+                yield AgentEvent("final", index, run=result)
+                return
+            messages.append(
+                {"role": "assistant", "content": "", "tool_calls": [c.to_message() for c in step.tool_calls]}
+            )
+            t0 = time.perf_counter()
+            for call in step.tool_calls:
+                yield AgentEvent("tool_call", index, call=call)
+                res = self.execute(call)
+                step.results.append(res)
+                messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": res.content})
+                yield AgentEvent("tool_result", index, call=call, result=res)
+            step.tools_s = time.perf_counter() - t0
+            usage.add(step)
+        raise MaxStepsExceeded(
+            f"The agent took {self.max_steps} steps without a final answer; raise max_steps or simplify the task. "
+            f"The steps so far are on .steps.",
+            steps=steps,
+            messages=messages,
+        )
+
+    def stream(self, task: str | Sequence[Mapping[str, Any]]) -> Iterator[AgentEvent]:
+        """Run the loop, yielding :class:`AgentEvent` objects as they happen; the last one
+        has ``kind == "final"`` and carries the :class:`RunResult`."""
+        yield from self._loop(task)
+
+    def run(self, task: str | Sequence[Mapping[str, Any]], *, on_event: EventCallback | None = None) -> RunResult:
+        """Run the loop until the model answers.
+
+        Args:
+            task: the user's request, or a conversation (OpenAI-style messages) to continue.
+            on_event: called with every :class:`AgentEvent` as it happens.
+
+        Raises:
+            MaxStepsExceeded: no final answer within ``max_steps`` turns (carries the steps).
+            OutputBudgetExceeded: the turn's first tool call (or a structured ``output``) did
+                not fit in ``max_tokens``. Calls completed before the budget ran out are kept
+                and run (the step's ``finish_reason`` is then ``"length"``).
+        """
+        result: RunResult | None = None
+        for ev in self._loop(task):
+            if on_event is not None:
+                on_event(ev)
+            if ev.kind == "final":
+                result = ev.run
+        assert result is not None
+        return result
+
+    def __repr__(self) -> str:
+        return f"<Agent tools={list(self.tools)} max_steps={self.max_steps}>"
+
+
+class _RepeatWatcher:
+    """Watches a turn's text and reports where a tool call repeats an earlier one verbatim."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._closed = 0
+        self._seen: list[str] = []
+
+    def feed(self, piece: str) -> int | None:
+        self.text += piece
+        n = self.text.count(CALL_CLOSE)
+        if n == self._closed:
+            return None
+        self._closed = n
+        end = self.text.rfind(CALL_CLOSE)
+        start = self.text.rfind(CALL_OPEN, 0, end)
+        if start < 0:
+            return None
+        body = " ".join(self.text[start + len(CALL_OPEN) : end].split())
+        if body in self._seen:
+            return len(self.text[:start].rstrip("\n"))
+        self._seen.append(body)
+        return None
+
+
+def _run_with_timeout(
+    fn: Callable[[], Any], timeout: float | None, name: str
+) -> tuple[Literal["ok", "error", "timeout"], Any, BaseException | None]:
+    """Run ``fn``; with a timeout, in a daemon thread that is abandoned if it overruns."""
+    if timeout is None:
+        try:
+            return "ok", fn(), None
+        except Exception as exc:
+            return "error", None, exc
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    th = threading.Thread(target=target, name=f"pocket-agent-tool-{name}", daemon=True)
+    th.start()
+    th.join(timeout)
+    if th.is_alive():
+        return "timeout", None, None
+    if "error" in box:
+        err = box["error"]
+        if not isinstance(err, Exception):
+            raise err
+        return "error", None, err
+    return "ok", box.get("value"), None
+
+
+def compile_lark(grammar: str, model: Model) -> CompiledGrammar:
+    """Compile a Lark grammar for ``model`` through :mod:`pocket_agent.grammars` (cached there)."""
+    from ..grammars import Lark, compile_grammar
+
+    return compile_grammar(Lark(grammar), model)

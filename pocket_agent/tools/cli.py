@@ -1,0 +1,140 @@
+"""``pocket-agent run "task" --tools module:attr``: run an agent from the command line.
+
+``--tools`` names a module (dotted, importable from the current folder) or a ``.py`` file,
+and an attribute in it: a :class:`~pocket_agent.tools.Tool`, a typed function, or a list
+of them. It may be given several times. Each step is printed as it finishes: the calls
+with their arguments, then each result (or error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidInputError
+from .agent import AgentEvent
+from .format import ToolCall
+from .tool import Tool, as_tool
+
+
+def load_tools(spec: str) -> list[Tool]:
+    """Tools named by ``module:attr`` or ``path/to/file.py:attr``."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise InvalidInputError(f"--tools must be module:attr or file.py:attr, got {spec!r}.")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise InvalidInputError(f"Tool file not found: {path}")
+        mod_name = f"_pocket_agent_tools_{path.stem}"
+        mspec = importlib.util.spec_from_file_location(mod_name, path)
+        if mspec is None or mspec.loader is None:
+            raise InvalidInputError(f"Cannot load {path} as a Python module.")
+        module = importlib.util.module_from_spec(mspec)
+        sys.modules[mod_name] = module
+        mspec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise InvalidInputError(f"Cannot import {target!r} for --tools: {exc}") from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise InvalidInputError(f"{target!r} has no attribute {attr!r}.") from None
+    items: Iterable[Any] = obj if isinstance(obj, (list, tuple)) else [obj]
+    return [as_tool(o) for o in items]
+
+
+def _ask(call: ToolCall) -> bool:
+    if not sys.stdin.isatty():
+        print(f"  ! {call.name} needs confirmation and stdin is not a terminal: denied", flush=True)
+        return False
+    answer = input(f"  ? run {call.name}({json.dumps(call.arguments, ensure_ascii=False)})? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _print_event(ev: AgentEvent) -> None:
+    if ev.kind == "step" and ev.step is not None:
+        st = ev.step
+        head = f"step {st.index + 1}: {st.completion_tokens} tokens in {st.generation_s:.1f}s"
+        if st.call_probability is not None:
+            head += f" (P(call)={st.call_probability:.3f})"
+        print(head, flush=True)
+        for c in st.tool_calls:
+            print(f"  -> {c.name}({json.dumps(c.arguments, ensure_ascii=False)})", flush=True)
+    elif ev.kind == "tool_result" and ev.result is not None:
+        r = ev.result
+        mark = "<-" if r.ok else f"<- [{r.status}]"
+        text = r.content if len(r.content) <= 300 else r.content[:300] + "..."
+        print(f"  {mark} {text}", flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the agent on ``args.task`` and print every step and the final answer."""
+    from ..runtime import load_model
+    from .agent import Agent
+
+    tools: list[Tool] = []
+    for spec in args.tools or []:
+        tools.extend(load_tools(spec))
+    task = args.task if args.task != "-" else sys.stdin.read()
+    model = load_model(args.model, threads=args.threads)
+    agent = Agent(
+        tools,
+        model=model,
+        instructions=args.instructions,
+        max_steps=args.max_steps,
+        tool_timeout=args.tool_timeout,
+        tool_choice=args.tool_choice,
+        confirm=(lambda call: True) if args.yes else _ask,
+        max_tokens=args.max_tokens,
+        call_threshold=args.call_threshold,
+    )
+    result = agent.run(task, on_event=_print_event)
+    u = result.usage
+    final = result.final
+    if hasattr(final, "model_dump_json"):
+        final = final.model_dump_json()
+    print(f"answer: {final}")
+    print(
+        f"[{u.steps} steps, {u.tool_calls} tool calls, {u.prompt_tokens_evaluated} prompt tokens evaluated, "
+        f"{u.completion_tokens} generated, {u.total_s:.1f}s]",
+        file=sys.stderr,
+    )
+    model.close()
+    return 0
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``run "task" --tools module:attr [--model M] [--max-steps N] ...``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "run", help="run a tool-calling agent on a task, printing each step"
+    )
+    p.add_argument("task", help="what the agent should do ('-' reads stdin)")
+    p.add_argument(
+        "--tools",
+        action="append",
+        metavar="MODULE:ATTR",
+        help="tools to offer: module:attr or file.py:attr (a Tool, a function, or a list); repeatable",
+    )
+    p.add_argument("--model", "-m", default=None, help="model path (default: $POCKET_AGENT_MODEL or embedded)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--max-steps", type=int, default=8, help="most model turns (default 8)")
+    p.add_argument("--max-tokens", type=int, default=512, help="token budget of one turn (default 512)")
+    p.add_argument("--instructions", default=None, help="system instructions")
+    p.add_argument("--tool-choice", default="auto", help="auto, required, none, or a tool name (first turn)")
+    p.add_argument("--call-threshold", type=float, default=None, help="call when P(call) >= this (auto only)")
+    p.add_argument("--tool-timeout", type=float, default=None, help="seconds a tool may run")
+    p.add_argument("--yes", "-y", action="store_true", help="approve tools that ask for confirmation")
+    p.set_defaults(func=cmd_run)
+    return p
