@@ -112,14 +112,14 @@ class Result:
 
 def run_ours(docs: list[dict[str, Any]], model: Any) -> Result:
     from pocket_agent.errors import PocketAgentError
-    from pocket_agent.extraction import _prepare, build_messages
+    from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, _prepare, build_messages
     from pocket_agent.generate import render_prompt, run_generation
     from pocket_agent.grammars import clear_cache
 
     res = Result("ours (pocket_agent.extract)")
     clear_cache()
     t0 = time.perf_counter()
-    prepared = _prepare(Receipt, model, MAX_TOKENS)
+    prepared = _prepare(Receipt, model, MAX_TOKENS, DEFAULT_MAX_STRING_CHARS)
     res.compile_ms = (time.perf_counter() - t0) * 1000
     schema = closed_schema()
     for doc in docs:

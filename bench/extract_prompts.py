@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract import FIELDS, MAX_TOKENS, Receipt, closed_schema, field_matches, load_docs, parse_valid
 
 from pocket_agent.errors import OutputBudgetExceeded
-from pocket_agent.extraction import PromptLayout, _prepare, build_messages
+from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, PromptLayout, _prepare, build_messages
 from pocket_agent.generate import render_prompt, run_generation
 from pocket_agent.runtime import load_model
 
@@ -33,7 +33,7 @@ def main() -> int:
     args = ap.parse_args()
     model = load_model(threads=args.threads)
     docs = load_docs(args.docs)
-    grammar = _prepare(Receipt, model, MAX_TOKENS).grammar
+    grammar = _prepare(Receipt, model, MAX_TOKENS, DEFAULT_MAX_STRING_CHARS).grammar
     schema = closed_schema()
     lines = ["| layout | company | date | address | total | mean | s/doc |", "|---|---|---|---|---|---|---|"]
     for layout in get_args(PromptLayout):

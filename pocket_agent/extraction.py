@@ -30,6 +30,9 @@ from .runtime import Model, resolve_model
 T = TypeVar("T", bound=BaseModel)
 Schema = type[BaseModel] | Mapping[str, Any]
 DEFAULT_EXTRACT_MAX_TOKENS = 512
+# Small models sometimes loop inside a free string until the token budget runs out; the
+# grammar closes such a string after this many characters (the value stays schema-valid).
+DEFAULT_MAX_STRING_CHARS = 256
 
 SYSTEM_PROMPT = (
     "You are a precise information extraction engine. Read the document and fill in the JSON fields. "
@@ -152,8 +155,11 @@ class _Prepared:
     max_tokens: int
 
 
-def _prepare(schema: Schema, model: Model | str | None, max_tokens: int | None) -> _Prepared:
-    from .grammars import compile_grammar
+def _prepare(
+    schema: Schema, model: Model | str | None, max_tokens: int | None, max_string_chars: int | None = None
+) -> _Prepared:
+    from .grammars import close_objects, compile_grammar
+    from .grammars.schema import cap_lengths
 
     js = _json_schema(schema)
     if isinstance(schema, Mapping):
@@ -163,8 +169,15 @@ def _prepare(schema: Schema, model: Model | str | None, max_tokens: int | None) 
             raise SchemaError(
                 f"Invalid JSON Schema: {exc.message} (at {'/'.join(map(str, exc.path)) or 'root'})"
             ) from exc
+    if max_string_chars is not None and (isinstance(max_string_chars, bool) or not isinstance(max_string_chars, int)):
+        raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars!r}.")
     m = resolve_model(model)
-    grammar = compile_grammar(schema if not isinstance(schema, Mapping) else js, m)
+    grammar_schema = js if isinstance(schema, Mapping) else close_objects(js)
+    if max_string_chars is not None:
+        if max_string_chars < 1:
+            raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars}.")
+        grammar_schema = cap_lengths(grammar_schema, max_chars=max_string_chars)
+    grammar = compile_grammar(grammar_schema, m)
     limit = DEFAULT_EXTRACT_MAX_TOKENS if max_tokens is None else max_tokens
     if not isinstance(limit, int) or limit < 1:
         raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
@@ -285,6 +298,7 @@ def extract(
     max_tokens: int | None = None,
     retries: int = 1,
     sampling: SamplingParams | None = None,
+    max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
 ) -> Any:
     """Extract ``schema`` from ``text``.
 
@@ -300,11 +314,14 @@ def extract(
         retries: extra attempts when a Pydantic validator the grammar cannot express
             fails; afterwards :class:`~pocket_agent.errors.ExtractionError`.
         sampling: sampling parameters (default greedy).
+        max_string_chars: free strings (no enum, pattern, format or smaller maxLength)
+            are closed after this many characters, so a model looping inside a string
+            still finishes with a valid object; ``None`` lifts the cap.
     """
     _check_text(text)
     if not isinstance(retries, int) or retries < 0:
         raise InvalidInputError(f"retries must be a non-negative integer, got {retries!r}.")
-    p = _prepare(schema, model, max_tokens)
+    p = _prepare(schema, model, max_tokens, max_string_chars)
     return _extract_prepared(p, text, instructions=instructions, examples=examples, retries=retries, sampling=sampling)
 
 
@@ -362,6 +379,7 @@ def extract_many(
     max_tokens: int | None = None,
     retries: int = 1,
     progress: bool | None = None,
+    max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
 ) -> Iterator[ExtractOutcome[Any]]:
     """Extract from many documents, yielding one :class:`ExtractOutcome` per document in order.
 
@@ -370,9 +388,10 @@ def extract_many(
     too long, output budget exhausted, validation failure) is reported on its outcome and
     the run goes on. An exception instance among ``texts`` (how a reader flags an
     unreadable record) is reported as that item's error. ``progress`` shows a progress
-    bar on stderr (default: when stderr is a terminal).
+    bar on stderr (default: when stderr is a terminal). ``max_string_chars`` as in
+    :func:`extract`.
     """
-    p = _prepare(schema, model, max_tokens)
+    p = _prepare(schema, model, max_tokens, max_string_chars)
     show = sys.stderr.isatty() if progress is None else progress
     total = len(texts) if isinstance(texts, Sequence) else None
     bar = _Progress(total, show)
@@ -450,6 +469,7 @@ def extract_stream(
     instructions: str | None = None,
     examples: Sequence[tuple[str, Any]] | None = None,
     max_tokens: int | None = None,
+    max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
 ) -> Iterator[Any]:
     """Yield partial results as fields complete, then the validated object.
 
@@ -458,7 +478,7 @@ def extract_stream(
     returns. A failed validation raises :class:`ExtractionError` (no retry in streaming).
     """
     _check_text(text)
-    p = _prepare(schema, model, max_tokens)
+    p = _prepare(schema, model, max_tokens, max_string_chars)
     messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
     ids = _prompt_ids(p, messages, len(text))
     stats = GenerationStats()

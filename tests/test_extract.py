@@ -77,6 +77,16 @@ def test_cross_field_validator_retries_then_fails_with_context(smollm: Model) ->
     assert "sum of the items" in str(info.value)
 
 
+def test_free_strings_are_capped(smollm: Model) -> None:
+    class Note(BaseModel):
+        text: str = Field(description="the whole document copied verbatim, then repeated")
+
+    note = extract(RECEIPT * 3, Note, model=smollm, max_string_chars=20, max_tokens=200)
+    assert len(note.text) <= 20
+    with pytest.raises(InvalidInputError):
+        extract(RECEIPT, Note, model=smollm, max_string_chars=0)
+
+
 def test_output_budget_exhausted_carries_partial(smollm: Model) -> None:
     with pytest.raises(OutputBudgetExceeded) as info:
         extract(RECEIPT, Receipt, model=smollm, max_tokens=5)

@@ -14,7 +14,7 @@ import sys
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..errors import SchemaError, UnsupportedSchemaError
@@ -191,6 +191,34 @@ def close_objects(schema: Any) -> Any:
     for _, node in iter_subschemas(out):
         if _is_object_schema(node) and "additionalProperties" not in node and "unevaluatedProperties" not in node:
             node["additionalProperties"] = False
+    return out
+
+
+def cap_lengths(
+    schema: Mapping[str, Any], *, max_chars: int | None = None, max_items: int | None = None
+) -> dict[str, Any]:
+    """A copy of ``schema`` whose free strings hold at most ``max_chars`` characters and whose
+    arrays hold at most ``max_items`` items.
+
+    Strings with an ``enum``, ``const``, ``pattern`` or ``format`` are left alone; an existing
+    smaller ``maxLength``/``maxItems`` is kept; a bound below the schema's own minimum is not
+    applied. The result accepts a subset of what ``schema`` accepts.
+    """
+    out = copy.deepcopy(dict(schema))
+
+    def has(node: dict[str, Any], kind: str) -> bool:
+        t = node.get("type")
+        return t == kind or (isinstance(t, list) and kind in t)
+
+    for _, node in iter_subschemas(out):
+        if max_chars is not None and has(node, "string"):
+            if not any(k in node for k in ("enum", "const", "pattern", "format")):
+                if int(node.get("minLength", 0)) <= max_chars and int(node.get("maxLength", max_chars + 1)) > max_chars:
+                    node["maxLength"] = max_chars
+        if max_items is not None and has(node, "array") and "enum" not in node and "const" not in node:
+            low = max(int(node.get("minItems", 0)), len(node.get("prefixItems") or []))
+            if low <= max_items and int(node.get("maxItems", max_items + 1)) > max_items:
+                node["maxItems"] = max_items
     return out
 
 
