@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract import FIELDS, MAX_TOKENS, Receipt, closed_schema, field_matches, load_docs, parse_valid
 
 from pocket_agent.errors import OutputBudgetExceeded
-from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, PromptLayout, _prepare, build_messages
+from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, REPEAT_LIMIT, PromptLayout, _prepare, build_messages
 from pocket_agent.generate import render_prompt, run_generation
 from pocket_agent.runtime import load_model
 
@@ -42,7 +42,9 @@ def main() -> int:
         for doc in docs:
             ids = render_prompt(model, build_messages(doc["text"], schema, layout=layout))
             try:
-                text = run_generation(model, ids, grammar=grammar, max_tokens=MAX_TOKENS).text
+                text = run_generation(
+                    model, ids, grammar=grammar, max_tokens=MAX_TOKENS, repeat_limit=REPEAT_LIMIT
+                ).text
             except OutputBudgetExceeded:  # a runaway string: every field counts as missed
                 text = ""
             for f, ok in field_matches(parse_valid(text, schema), doc["expected"]).items():

@@ -33,6 +33,8 @@ DEFAULT_EXTRACT_MAX_TOKENS = 512
 # Small models sometimes loop inside a free string until the token budget runs out; the
 # grammar closes such a string after this many characters (the value stays schema-valid).
 DEFAULT_MAX_STRING_CHARS = 256
+# ... or repeats one token (``10.1000000000...``); after this many in a row it is masked once.
+REPEAT_LIMIT = 8
 
 SYSTEM_PROMPT = (
     "You are a precise information extraction engine. Read the document and fill in the JSON fields. "
@@ -238,7 +240,9 @@ def _extract_prepared(
     last_error: Exception | None = None
     for _attempt in range(retries + 1):
         ids = _prompt_ids(p, messages, len(text))
-        result = run_generation(p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, sampling=sampling)
+        result = run_generation(
+            p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, sampling=sampling, repeat_limit=REPEAT_LIMIT
+        )
         last_raw = result.text
         try:
             return _validate(p, result.text)
@@ -484,7 +488,9 @@ def extract_stream(
     stats = GenerationStats()
     buf: list[str] = []
     seen = 0
-    for ev in stream_tokens(p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, stats=stats):
+    for ev in stream_tokens(
+        p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, stats=stats, repeat_limit=REPEAT_LIMIT
+    ):
         buf.append(ev.text)
         fields = complete_fields("".join(buf))
         if len(fields) > seen:

@@ -120,6 +120,7 @@ def stream_tokens(
     sampling: SamplingParams | None = None,
     stop: Sequence[str] | None = None,
     stats: GenerationStats | None = None,
+    repeat_limit: int | None = None,
 ) -> Generator[TokenEvent, None, FinishReason]:
     """Generate after ``prompt_tokens``, yielding each step as it happens.
 
@@ -127,6 +128,10 @@ def stream_tokens(
     forces are evaluated as one batch and yielded with ``forced=True``. The generator's
     return value (``StopIteration.value``) is the finish reason. Running out of
     ``max_tokens`` before a grammar is complete raises :class:`OutputBudgetExceeded`.
+    ``repeat_limit`` (constrained runs only): a token sampled that many times in a row is
+    banned until the grammar next forces tokens (the next key), so a small model stuck
+    emitting ``0`` after a decimal point, or one character in a string, moves on to what
+    the grammar allows next.
     """
     limit = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     if not isinstance(limit, int) or limit < 1:
@@ -139,6 +144,7 @@ def stream_tokens(
     produced: list[int] = []
     text_parts: list[str] = []
     stop_list = [s for s in (stop or []) if s]
+    banned: set[int] = set()
 
     prompt = list(prompt_tokens)
     st.prompt_tokens = len(prompt)
@@ -165,6 +171,7 @@ def stream_tokens(
                 return "grammar"
             forced = matcher.forced_tokens()
             if forced:
+                banned.clear()
                 if len(produced) + len(forced) > limit:
                     raise over_budget()
                 matcher.consume_many(forced)
@@ -187,6 +194,15 @@ def stream_tokens(
             st.mask_s.append(time.perf_counter() - t0)
             if not np.isfinite(logits).any():
                 raise GenerationError(f"The grammar allows no token here: {matcher.error() or 'dead end'}.")
+            if repeat_limit and len(produced) >= repeat_limit:
+                last = produced[-1]
+                if all(t == last for t in produced[-repeat_limit:]):
+                    banned.add(last)
+            if banned:
+                keep = logits.copy()
+                logits[list(banned)] = -np.inf
+                if not np.isfinite(logits).any():  # never ban the grammar into a dead end
+                    logits = keep
         if len(produced) >= limit:
             if matcher is not None:
                 raise over_budget()
@@ -233,12 +249,20 @@ def run_generation(
     sampling: SamplingParams | None = None,
     stop: Sequence[str] | None = None,
     on_event: Callable[[TokenEvent], None] | None = None,
+    repeat_limit: int | None = None,
 ) -> GenerationResult:
     """Run :func:`stream_tokens` to the end and collect the result."""
     stats = GenerationStats()
     tokens: list[int] = []
     gen = stream_tokens(
-        model, prompt_tokens, grammar=grammar, max_tokens=max_tokens, sampling=sampling, stop=stop, stats=stats
+        model,
+        prompt_tokens,
+        grammar=grammar,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stop=stop,
+        stats=stats,
+        repeat_limit=repeat_limit,
     )
     reason: FinishReason
     while True:

@@ -201,3 +201,11 @@ def test_cli_extract_many_keeps_going_past_a_corrupt_line(tmp_path: Path) -> Non
     assert [r["ok"] for r in rows] == [True, False, True]
     assert rows[1]["error_type"] == "InvalidInputError"
     assert set(rows[0]["value"]) == {"invoice_number", "seller", "date", "total", "currency"}
+
+
+def test_repeat_limit_breaks_token_loops(smollm: Model) -> None:
+    grammar = compile_grammar(Regex(r"1(0)*x"), smollm)
+    ids = render_prompt(smollm, "Write the number one followed by a hundred zeros.")
+    out = run_generation(smollm, ids, grammar=grammar, max_tokens=60, repeat_limit=3)
+    assert out.finish_reason == "grammar"
+    assert out.text.startswith("1") and out.text.endswith("x")
