@@ -4,6 +4,7 @@ Same model (the embedded SmolLM2-135M-Instruct GGUF), same threads, same schema,
 documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt for all:
 
   ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens)
+  ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head)
   llama-cpp     llama-cpp-python create_chat_completion(response_format=json_object+schema)
   outlines      outlines 1.3 Generator over the same llama.cpp model
   unconstrained plain generation of the same JSON with our runtime (no grammar)
@@ -112,13 +113,13 @@ class Result:
         return sum(m[f] for m in self.matches) / len(self.matches) if self.matches else 0.0
 
 
-def run_ours(docs: list[dict[str, Any]], model: Any) -> Result:
+def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_agent.extract)") -> Result:
     from pocket_agent.errors import PocketAgentError
     from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, REPEAT_LIMIT, _prepare, build_messages
     from pocket_agent.generate import render_prompt, run_generation
     from pocket_agent.grammars import clear_cache
 
-    res = Result("ours (pocket_agent.extract)")
+    res = Result(label)
     clear_cache()
     t0 = time.perf_counter()
     prepared = _prepare(Receipt, model, MAX_TOKENS, DEFAULT_MAX_STRING_CHARS)
@@ -223,7 +224,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", nargs="+", default=["ours", "llama-cpp", "outlines", "unconstrained"])
+    ap.add_argument("--only", nargs="+", default=["ours", "ours-mnn", "llama-cpp", "outlines", "unconstrained"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -231,8 +232,15 @@ def main() -> int:
 
     model = load_model(threads=args.threads)
     docs = load_docs(args.docs)
+
+    def ours_mnn() -> Result:
+        from pocket_agent.convert import ensure_default_mnn
+
+        return run_ours(docs, load_model(ensure_default_mnn(), threads=args.threads), "ours on MNN (same model)")
+
     runners: dict[str, Callable[[], Result]] = {
         "ours": lambda: run_ours(docs, model),
+        "ours-mnn": ours_mnn,
         "llama-cpp": lambda: run_llama_cpp(docs, args.threads, model),
         "outlines": lambda: run_outlines(docs, args.threads, model),
         "unconstrained": lambda: run_unconstrained(docs, model),
@@ -265,10 +273,11 @@ def main() -> int:
         ]
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        for key in ("llama-cpp", "outlines"):
-            if key in results:
-                sp = statistics.mean(results[key].seconds) / statistics.mean(ours.seconds)
-                notes.append(f"- ours is {sp:.2f}x faster per document than {results[key].name}")
+        for mine in ("ours", "ours-mnn"):
+            for key in ("llama-cpp", "outlines"):
+                if key in results and mine in results:
+                    sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
+                    notes.append(f"- {results[mine].name} is {sp:.2f}x faster per document than {results[key].name}")
         if "unconstrained" in results:
             free = results["unconstrained"]
             ours_rate = ours.gen_tokens / ours.gen_seconds

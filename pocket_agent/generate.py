@@ -128,10 +128,11 @@ def stream_tokens(
     forces are evaluated as one batch and yielded with ``forced=True``. The generator's
     return value (``StopIteration.value``) is the finish reason. Running out of
     ``max_tokens`` before a grammar is complete raises :class:`OutputBudgetExceeded`.
-    ``repeat_limit`` (constrained runs only): a token sampled that many times in a row is
-    banned until the grammar next forces tokens (the next key), so a small model stuck
-    emitting ``0`` after a decimal point, or one character in a string, moves on to what
-    the grammar allows next.
+    ``repeat_limit`` (constrained runs only): when the output ends in a loop (one token
+    ``repeat_limit`` times in a row, or a cycle of up to 16 tokens repeated 3 times), the
+    token that would continue the loop is banned until the grammar next forces tokens (the
+    next key), so a small model stuck emitting ``0000`` or ``_11_11_11`` inside a value
+    moves on to what the grammar allows next.
     """
     limit = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     if not isinstance(limit, int) or limit < 1:
@@ -194,10 +195,10 @@ def stream_tokens(
             st.mask_s.append(time.perf_counter() - t0)
             if not np.isfinite(logits).any():
                 raise GenerationError(f"The grammar allows no token here: {matcher.error() or 'dead end'}.")
-            if repeat_limit and len(produced) >= repeat_limit:
-                last = produced[-1]
-                if all(t == last for t in produced[-repeat_limit:]):
-                    banned.add(last)
+            if repeat_limit:
+                loop_next = _looping_token(produced, repeat_limit)
+                if loop_next is not None:
+                    banned.add(loop_next)
             if banned:
                 keep = logits.copy()
                 logits[list(banned)] = -np.inf
@@ -231,6 +232,22 @@ def stream_tokens(
         logits = model.eval([tok]).logits[-1]
         st.decode_s += time.perf_counter() - t0
         st.decode_calls += 1
+
+
+MAX_LOOP_PERIOD = 16
+
+
+def _looping_token(produced: Sequence[int], repeat_limit: int) -> int | None:
+    """The token that would continue a loop at the end of ``produced``, if it ends in one."""
+    n_out = len(produced)
+    for period in range(1, MAX_LOOP_PERIOD + 1):
+        span = max(repeat_limit, 3 * period)
+        if n_out < span:
+            break
+        tail = produced[n_out - span :]
+        if all(tail[i] == tail[i - period] for i in range(period, span)):
+            return produced[n_out - period]
+    return None
 
 
 def grammar_apply_mask(logits: NDArray[np.float32], mask: Any) -> NDArray[np.float32]:

@@ -209,3 +209,13 @@ def test_repeat_limit_breaks_token_loops(smollm: Model) -> None:
     out = run_generation(smollm, ids, grammar=grammar, max_tokens=60, repeat_limit=3)
     assert out.finish_reason == "grammar"
     assert out.text.startswith("1") and out.text.endswith("x")
+
+
+def test_loop_detection_finds_cycles() -> None:
+    from pocket_agent.generate import _looping_token
+
+    assert _looping_token([7] * 8, 8) == 7
+    assert _looping_token([5, 1, 2, 1, 2, 1, 2, 1, 2], 8) == 1
+    assert _looping_token([9, *([3, 4, 5] * 3)], 8) == 3
+    assert _looping_token([1, 2, 3, 4, 5, 6, 7, 8, 9], 8) is None
+    assert _looping_token([1, 1, 1], 8) is None

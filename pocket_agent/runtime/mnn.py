@@ -362,7 +362,9 @@ class MnnModel(Model):
         self._noisy_next = True
 
     def _reset(self) -> None:
-        self._llm.reset()
+        with _quiet_stdout():
+            self._llm.reset()
+        self._noisy_next = True
 
     # -- LoRA --------------------------------------------------------------------------
 
