@@ -216,11 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_ext.add_argument("--threads", "-t", type=int, default=None)
     p_ext.set_defaults(func=cmd_extract)
 
-    from .decision.cli import add_decide_parser
     from .tools.cli import add_run_parser
 
     add_run_parser(sub)
-    add_decide_parser(sub)
 
     p_conv = sub.add_parser("convert", help="convert a GGUF file or HF folder to an MNN build (extra: convert)")
     from .convert import add_convert_arguments

@@ -12,11 +12,10 @@ suffix that differs from the previous call.
 from __future__ import annotations
 
 import abc
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -361,16 +360,6 @@ class Model(abc.ABC):
     @property
     def loras(self) -> list[LoraAdapter]:
         return list(self._loras)
-
-    def load_decision_adapter(self, path: str | os.PathLike[str]) -> Any:
-        """Load a Dec adapter (LoRA + pointer head) so ``decide()`` uses the pointer method.
-
-        See :func:`pocket_agent.decision.load_decision_adapter`; an adapter made for
-        another base model raises :class:`~pocket_agent.errors.AdapterError`.
-        """
-        from ..decision.adapter import load_decision_adapter
-
-        return load_decision_adapter(self, path)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -84,7 +84,6 @@ def load_model(
     backend: Backend | None = None,
     threads: int | None = None,
     n_ctx: int | None = None,
-    decision_adapter: str | os.PathLike[str] | None = None,
     **backend_options: Any,
 ) -> Model:
     """Load a model.
@@ -95,7 +94,6 @@ def load_model(
         backend: ``"llamacpp"`` or ``"mnn"`` to override detection.
         threads: CPU threads (default: all cores this process may use).
         n_ctx: context window in tokens (default: the model's, capped at 4096).
-        decision_adapter: a Dec adapter (folder, zip or head.safetensors) for ``decide()``.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` for
             llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
     """
@@ -119,12 +117,6 @@ def load_model(
         from .mnn import MnnModel
 
         model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
-    if decision_adapter is not None:
-        try:
-            model.load_decision_adapter(decision_adapter)
-        except BaseException:
-            model.close()
-            raise
     return model
 
 
