@@ -12,6 +12,7 @@ suffix that differs from the previous call.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
+    from ..decision.adapter import DecisionAdapter
     from .chat_template import ChatTemplate
 
 LogitsSelection = Literal["last", "all", "none"] | Sequence[int]
@@ -82,6 +84,7 @@ class ModelInfo:
     file_size: int
     chat_template_source: str
     extra: dict[str, str] = field(default_factory=dict)
+    n_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Capabilities:
     multi_sequence: bool
     hidden_states: bool
     lora: bool
+    layer_states: bool = False
 
 
 @dataclass
@@ -105,6 +109,32 @@ class EvalOutput:
     logits: NDArray[np.float32]
     positions: list[int]
     hidden: NDArray[np.float32] | None = None
+
+
+@dataclass
+class StatesRequest:
+    """Tokens whose hidden states :meth:`Model.layer_states` reads.
+
+    ``prefix`` is evaluated once; every branch continues it on its own (a branch sees the
+    prefix and itself, never another branch). States are returned at ``prefix_positions``
+    (indices into ``prefix``) and at every token of every branch.
+    """
+
+    prefix: list[int]
+    branches: list[list[int]] = field(default_factory=list)
+    prefix_positions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LayerStates:
+    """What :meth:`Model.layer_states` returns for one :class:`StatesRequest`.
+
+    ``prefix`` is ``[len(prefix_positions), n_embd]``; ``branches[i]`` is
+    ``[len(branch i), n_embd]``; all float32, the output of the requested block.
+    """
+
+    prefix: NDArray[np.float32]
+    branches: list[NDArray[np.float32]]
 
 
 @dataclass
@@ -145,6 +175,7 @@ class Model(abc.ABC):
         self._closed = False
         self.stats = EvalStats()
         self._loras: list[LoraAdapter] = []
+        self._open_loras: list[LoraAdapter] = []
         self._chat_template: ChatTemplate | None = None
         # (tokens, last-position logits) of the latest prefill: asking for the same prompt
         # again returns these instead of re-evaluating its last token, whose logits from a
@@ -325,7 +356,88 @@ class Model(abc.ABC):
             results.append(EvalOutput(logits=logits, positions=[-1, *out.positions], hidden=hid))
         return results
 
+    def layer_states(
+        self,
+        requests: Sequence[StatesRequest],
+        *,
+        layer: int,
+        loras: Sequence[tuple[LoraAdapter, float]] = (),
+    ) -> list[LayerStates]:
+        """Hidden states after transformer block ``layer`` (0-based) for many requests.
+
+        The requests are evaluated in as few backend calls as possible: their common
+        prefix once, then several requests side by side as separate sequences, and only
+        the blocks up to ``layer`` are computed. The KV cache that :meth:`eval` and
+        generation use is not touched. ``loras`` are adapters from :meth:`open_lora`
+        applied at the given scale while the states are read. ``layer`` must be below
+        ``info.n_layer - 1`` (the final block's output is :meth:`eval`'s ``hidden``).
+        """
+        self._check_open()
+        if not self.capabilities.layer_states:
+            raise ModelStateError(
+                f"The {self.backend} backend cannot read the states of inner layers; use a GGUF model (llama.cpp)."
+            )
+        n_layer = self.info.n_layer
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layer - 1:
+            raise TokenError(f"layer must be an integer from 0 to {n_layer - 2} for this model, got {layer!r}.")
+        checked: list[StatesRequest] = []
+        for i, req in enumerate(requests):
+            prefix = self._check_ids(req.prefix)
+            branches = [self._check_ids(b) for b in req.branches]
+            positions = [int(p) for p in req.prefix_positions]
+            if any(not 0 <= p < len(prefix) for p in positions):
+                raise TokenError(f"requests[{i}]: prefix_positions must lie in 0..{len(prefix) - 1}.")
+            if not branches and not positions:
+                raise TokenError(f"requests[{i}] asks for no states (no branches, no prefix_positions).")
+            needed = len(prefix) + max((len(b) for b in branches), default=0)
+            if needed > self.n_ctx:
+                raise ContextOverflowError(
+                    f"requests[{i}] needs {needed} tokens; the context window is {self.n_ctx}.",
+                    needed=needed,
+                    n_ctx=self.n_ctx,
+                )
+            checked.append(StatesRequest(prefix, branches, positions))
+        for adapter, scale in loras:
+            if not any(adapter is a for a in self._open_loras):
+                raise AdapterError("layer_states() takes LoRA adapters opened with open_lora() on this model.")
+            if not np.isfinite(scale):
+                raise AdapterError(f"A LoRA scale must be a finite number, got {scale!r}.")
+        if not checked:
+            return []
+        return self._layer_states(checked, layer, [(a, float(s)) for a, s in loras])
+
+    def load_decision_adapter(self, path: str | os.PathLike[str]) -> DecisionAdapter:
+        """Load a Dec adapter (pointer head, optional LoRA) for :func:`pocket_agent.decide`.
+
+        ``path`` is an adapter folder, a ``.zip`` of one or a bare ``head.safetensors``.
+        An adapter made for another base model raises :class:`AdapterError`.
+        """
+        from ..decision.adapter import load_decision_adapter
+
+        return load_decision_adapter(self, path)
+
     # -- adapters ----------------------------------------------------------------------
+
+    def open_lora(self, path: str | Path) -> LoraAdapter:
+        """Load a LoRA adapter without applying it to generation (for :meth:`layer_states`)."""
+        self._check_open()
+        if not self.capabilities.lora:
+            raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
+        p = Path(path)
+        if not p.is_file():
+            raise AdapterError(f"LoRA adapter file not found: {p}")
+        adapter = LoraAdapter(path=p, scale=0.0, handle=self._load_lora(p))
+        self._open_loras.append(adapter)
+        return adapter
+
+    def close_lora(self, adapter: LoraAdapter) -> None:
+        """Free an adapter from :meth:`open_lora`."""
+        self._check_open()
+        if not any(adapter is a for a in self._open_loras):
+            raise AdapterError("That LoRA adapter was not opened with open_lora() on this model.")
+        self._forget_open_lora(adapter)
+        self._open_loras = [a for a in self._open_loras if a is not adapter]
+        self._free_lora(adapter)
 
     def load_lora(self, path: str | Path, *, scale: float = 1.0) -> LoraAdapter:
         """Load a LoRA adapter (GGUF for llama.cpp, .mnn for MNN) and apply it at ``scale``."""
@@ -438,6 +550,15 @@ class Model(abc.ABC):
             outs.append(self.eval(branch, logits="all", hidden=hidden))
             self.rollback(base)
         return outs
+
+    def _layer_states(
+        self, requests: list[StatesRequest], layer: int, loras: list[tuple[LoraAdapter, float]]
+    ) -> list[LayerStates]:
+        raise ModelStateError(f"The {self.backend} backend cannot read the states of inner layers.")
+
+    def _forget_open_lora(self, adapter: LoraAdapter) -> None:
+        """Stop using an opened adapter before it is freed."""
+        return None
 
     def _load_lora(self, path: Path) -> object:
         raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")

@@ -24,7 +24,17 @@ from ..errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
-from .base import Capabilities, EvalOutput, LoraAdapter, Model, ModelInfo, Vocabulary
+from ._llamacpp_states import StateReader
+from .base import (
+    Capabilities,
+    EvalOutput,
+    LayerStates,
+    LoraAdapter,
+    Model,
+    ModelInfo,
+    StatesRequest,
+    Vocabulary,
+)
 from .chat_template import ChatTemplate, chatml_template
 
 logger = logging.getLogger("pocket_agent.llamacpp")
@@ -103,6 +113,7 @@ class LlamaCppModel(Model):
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
+        self._states: StateReader | None = None
 
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = 0
@@ -143,13 +154,17 @@ class LlamaCppModel(Model):
         self._mem = lc.llama_get_memory(ctx)
         self._embeddings_on = False
         self._threads = threads
+        self._flash_attn = flash_attn
         self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
 
         self.vocab = self._read_vocab()
         n_vocab_logits = int(lc.llama_vocab_n_tokens(self._vocab_ptr))
         self._n_vocab_logits = n_vocab_logits
         self._n_embd = int(lc.llama_model_n_embd(model))
-        self.capabilities = Capabilities(multi_sequence=self._n_seq > 1, hidden_states=True, lora=True)
+        self._n_layer = int(lc.llama_model_n_layer(model))
+        self.capabilities = Capabilities(
+            multi_sequence=self._n_seq > 1, hidden_states=True, lora=True, layer_states=self._n_layer > 1
+        )
         self.info = ModelInfo(
             backend=self.backend,
             path=p,
@@ -162,6 +177,7 @@ class LlamaCppModel(Model):
             file_size=p.stat().st_size,
             chat_template_source="",
             extra={"threads": str(threads), "quantization": self._file_type()},
+            n_layer=self._n_layer,
         )
         tmpl = self._read_chat_template()
         self._chat_template = tmpl
@@ -347,7 +363,26 @@ class LlamaCppModel(Model):
     def _reset(self) -> None:
         self._lc.llama_memory_clear(self._mem, True)
 
+    def _layer_states(
+        self, requests: list[StatesRequest], layer: int, loras: list[tuple[LoraAdapter, float]]
+    ) -> list[LayerStates]:
+        if self._states is None:
+            self._states = StateReader(
+                self._lc,
+                self._model,
+                n_ctx=self.n_ctx,
+                n_batch=self._n_batch,
+                threads=self._threads,
+                flash_attn=True,
+                n_embd=self._n_embd,
+            )
+        return self._states.read(requests, layer, loras)
+
     # -- LoRA ------------------------------------------------------------------------------
+
+    def _forget_open_lora(self, adapter: LoraAdapter) -> None:
+        if self._states is not None:
+            self._states.drop_lora(adapter)
 
     def _load_lora(self, path: Path) -> object:
         _recent_log.clear()
@@ -374,15 +409,19 @@ class LlamaCppModel(Model):
 
     def _close(self) -> None:
         lc = self._lc
+        if self._states is not None:
+            self._states.close()
+            self._states = None
         if self._batch is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
         if self._ctx:
             lc.llama_free(self._ctx)
             self._ctx = None
-        for a in self._loras:
+        for a in [*self._loras, *self._open_loras]:
             lc.llama_adapter_lora_free(a.handle)
         self._loras.clear()
+        self._open_loras.clear()
         if self._model:
             lc.llama_model_free(self._model)
             self._model = None
