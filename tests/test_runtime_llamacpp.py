@@ -26,6 +26,11 @@ from pocket_agent.runtime.base import split_complete_utf8
 Q4_INCREMENTAL_ATOL = 2.0
 
 
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    v = row.astype(np.float64)
+    return v - v.max() - np.log(np.exp(v - v.max()).sum())
+
+
 def greedy(model: Model, ids: list[int], n: int) -> list[int]:
     out = model.prefill(ids).logits[-1]
     gen: list[int] = []
@@ -52,9 +57,25 @@ def test_info_and_vocabulary(smollm: Model) -> None:
     assert marked[im_end] == b"\xff<|im_end|>"
 
 
-def test_capital_of_france_greedy(fresh_smollm: Model) -> None:
-    gen = greedy(fresh_smollm, chat_ids(fresh_smollm, "What is the capital of France?"), 24)
-    assert "Paris" in fresh_smollm.decode(gen)
+def test_model_knows_the_capital_of_france(fresh_smollm: Model) -> None:
+    """The model ranks Paris far above other cities (a margin of ~6 nats).
+
+    Greedy text from a 135M Q4 model is not a stable check: llama.cpp builds for different
+    CPUs round differently, and one build answered "La femme de France, ..." to the open
+    question while ranking " Paris" at -0.07 nats here.
+    """
+    m = fresh_smollm
+    prefix = chat_ids(m, "What is the capital of France?") + m.tokenize("The capital of France is")
+    scores = {}
+    for city in ("Paris", "London", "Berlin", "Madrid", "Rome"):
+        branch = m.tokenize(" " + city)
+        m.reset()
+        out = m.eval(prefix + branch, logits=list(range(len(prefix) - 1, len(prefix) + len(branch) - 1)))
+        scores[city] = sum(float(log_softmax(out.logits[j])[t]) for j, t in enumerate(branch))
+    assert max(scores, key=lambda c: scores[c]) == "Paris", scores
+    assert scores["Paris"] > max(v for c, v in scores.items() if c != "Paris") + 2.0, scores
+    gen = greedy(m, chat_ids(m, "Answer in one word. What is the capital of France?"), 16)
+    assert gen and m.decode(gen).strip()
 
 
 def test_tokenize_roundtrip_and_special(smollm: Model) -> None:
