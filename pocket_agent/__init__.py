@@ -4,7 +4,9 @@ Importing this package loads no model, opens no network connection and installs 
 models load on first use.
 """
 
+from .decision import Decision, decide, decide_many, train_head
 from .errors import (
+    AdapterError,
     ContextOverflowError,
     ExtractionError,
     GenerationError,
@@ -27,8 +29,10 @@ from .tools import Agent, MaxStepsExceeded, RunResult, Step, Tool, ToolCall, too
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterError",
     "Agent",
     "ContextOverflowError",
+    "Decision",
     "ExtractOutcome",
     "ExtractionError",
     "GenerationError",
@@ -51,6 +55,8 @@ __all__ = [
     "ToolError",
     "UnsupportedSchemaError",
     "__version__",
+    "decide",
+    "decide_many",
     "extract",
     "extract_many",
     "extract_stream",
@@ -59,4 +65,5 @@ __all__ = [
     "load_model",
     "set_default_model",
     "tool",
+    "train_head",
 ]

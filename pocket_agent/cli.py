@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
 
+    from .decision.cli import add_decide_parser
+
+    add_decide_parser(sub)
+
     p_conv = sub.add_parser("convert", help="convert a GGUF file or HF folder to an MNN build (extra: convert)")
     from .convert import add_convert_arguments
 

@@ -85,6 +85,18 @@ def main(config: str, paris: bool) -> dict[str, Any]:
     res["special_im_end"] = m.tokenize("<|im_end|>", special=True) == [m.vocab.token_id("<|im_end|>")]
     res["plain_im_end_len"] = len(m.tokenize("<|im_end|>"))
 
+    # decisions: MNN cannot read inner blocks, so auto falls back to cloze and the pointer
+    # method (and layer_states) are typed errors, never a crash
+    from pocket_agent.decision import decide
+    from pocket_agent.runtime import StatesRequest
+
+    m.reset()
+    d = decide("Which is a fruit?", ["apple", "hammer"], model=m)
+    res["decide_auto_method"] = d.method
+    res["decide_scores_sum"] = float(sum(d.scores))
+    res["err_pointer"] = error_name(lambda: decide("Which?", ["a", "b"], model=m, method="pointer"))
+    res["err_layer_states"] = error_name(lambda: m.layer_states([StatesRequest(ids, [], [0])], layer=0))
+
     # misuse
     res["err_empty"] = error_name(lambda: m.eval([]))
     res["err_range"] = error_name(lambda: m.eval([m.n_vocab + 5]))

@@ -89,6 +89,10 @@ def test_mnn_misuse_is_typed_not_a_crash(name: str, request: pytest.FixtureReque
     assert res["cached_after_overflow"] == 0
     assert res["err_after_close"] == "ModelStateError"
     assert res["err_reload_after_close"] == "ModelStateError"
+    assert res["decide_auto_method"] == "cloze"
+    assert abs(res["decide_scores_sum"] - 1.0) < 1e-6
+    assert res["err_pointer"] == "AdapterError"
+    assert res["err_layer_states"] == "ModelStateError"
 
 
 def test_mnn_folder_without_build_is_typed(tmp_path: Path) -> None:

@@ -84,6 +84,7 @@ def load_model(
     backend: Backend | None = None,
     threads: int | None = None,
     n_ctx: int | None = None,
+    decision_adapter: str | os.PathLike[str] | None = None,
     **backend_options: Any,
 ) -> Model:
     """Load a model.
@@ -94,6 +95,9 @@ def load_model(
         backend: ``"llamacpp"`` or ``"mnn"`` to override detection.
         threads: CPU threads (default: all cores this process may use).
         n_ctx: context window in tokens (default: the model's, capped at 4096).
+        decision_adapter: a Dec adapter (folder, ``.zip`` or ``head.safetensors``) that
+            :func:`pocket_agent.decide` should use with this model; see
+            :meth:`Model.load_decision_adapter`.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` for
             llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
     """
@@ -117,6 +121,12 @@ def load_model(
         from .mnn import MnnModel
 
         model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+    if decision_adapter is not None:
+        try:
+            model.load_decision_adapter(decision_adapter)
+        except BaseException:
+            model.close()
+            raise
     return model
 
 

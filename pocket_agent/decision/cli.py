@@ -1,0 +1,171 @@
+"""``pocket-agent decide``: answer a question from the command line, or train a pointer head.
+
+::
+
+    pocket-agent decide "Is this review positive?" -o no -o yes --context "Great film."
+    pocket-agent decide train data.jsonl -o my.dec [--model M]
+
+The main CLI calls :func:`add_decide_parser` with its sub-parsers; the registered parser
+sets ``func`` to :func:`run_decide_command`, which returns the process exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import InvalidInputError, PocketAgentError
+from ._features import PARTS, FeatureSpec
+
+_USAGE = (
+    'pocket-agent decide "question" -o OPTION -o OPTION [--context TEXT] [--model M] [--method M] [--adapter PATH]\n'
+    "       pocket-agent decide train DATA.jsonl -o OUT [--model M] [--features ...] [--rotations N]"
+)
+
+
+def add_decide_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``decide`` (and its ``train`` form) on an ``argparse`` sub-parser collection."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "decide",
+        help="pick one of several options in one forward pass, or train a pointer head",
+        description=(
+            "Answer a multiple-choice question (decide QUESTION -o OPT -o OPT ...), or train a pointer head "
+            "from labelled JSONL rows {question, options, answer, context?} (decide train DATA.jsonl -o OUT)."
+        ),
+        usage=_USAGE,
+    )
+    p.add_argument("question", help="the question, or the word 'train' followed by the training data file")
+    p.add_argument("data", nargs="?", help="(train) JSONL file of labelled questions")
+    p.add_argument(
+        "-o",
+        "--option",
+        dest="o",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="an option (repeat for each option); with 'train': the output adapter path (folder, or .zip)",
+    )
+    p.add_argument("--context", default=None, help="text the question is about")
+    p.add_argument("--context-file", default=None, help="read the context from this file")
+    p.add_argument("--model", default=None, help="a .gguf file or MNN build (default: the embedded model)")
+    p.add_argument("--method", default="auto", choices=["auto", "cloze", "letter", "pointer"])
+    p.add_argument("--adapter", default=None, help="a Dec adapter (folder, .zip or head.safetensors) to load")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
+    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    t = p.add_argument_group("training (decide train)")
+    t.add_argument(
+        "--features",
+        default=None,
+        help=f"'auto' (default: pick the best of a few candidates) or comma-separated parts ({', '.join(PARTS)})",
+    )
+    t.add_argument(
+        "--layer",
+        default="auto",
+        help="read hidden states after this block (an integer), at 'final_norm', or 'auto' (60%% of the depth)",
+    )
+    t.add_argument("--rotations", type=int, default=1, help="option-rotated copies per training question")
+    t.add_argument("--val-fraction", type=float, default=0.2, help="share of questions held out for validation")
+    t.add_argument("--seed", type=int, default=0, help="shuffle seed of the split")
+    t.add_argument("--no-compare", action="store_true", help="skip scoring the zero-shot methods on validation")
+    p.set_defaults(func=run_decide_command)
+    return p
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ..runtime import get_default_model, load_model
+
+    if args.model is None and args.threads is None:
+        return get_default_model()
+    return load_model(args.model, threads=args.threads)
+
+
+def run_decide_command(args: argparse.Namespace) -> int:
+    """Run ``decide`` or ``decide train`` from parsed arguments; return the exit status."""
+    try:
+        if args.question == "train" and args.data is not None:
+            return _train(args)
+        if args.data is not None:
+            raise InvalidInputError(f"Unexpected argument {args.data!r}; give options with -o.")
+        return _decide(args)
+    except PocketAgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _decide(args: argparse.Namespace) -> int:
+    from .adapter import load_decision_adapter
+    from .core import decide
+
+    context = args.context
+    if args.context_file:
+        with open(args.context_file, encoding="utf-8") as f:
+            context = f.read()
+    model = _load(args)
+    if args.adapter:
+        load_decision_adapter(model, args.adapter)
+    d = decide(args.question, args.o, context=context, model=model, method=args.method)
+    if args.json:
+        print(json.dumps({"choice": d.choice, "index": d.index, "scores": d.scores, "method": d.method}))
+    else:
+        print(d.choice)
+        for opt, p in zip(d.options, d.scores, strict=True):
+            mark = "*" if opt == d.choice else " "
+            print(f" {mark} {p:6.3f}  {opt}", file=sys.stderr)
+        print(f"   method: {d.method}", file=sys.stderr)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .train import default_layer, load_examples, train_head
+
+    if len(args.o) != 1:
+        raise InvalidInputError("decide train needs exactly one output path: -o OUT (a folder, or a .zip file).")
+    out = args.o[0]
+    examples = load_examples(args.data)
+    layer: int | str = args.layer
+    if isinstance(layer, str) and layer.isdigit():
+        layer = int(layer)
+    elif layer not in ("auto", "final_norm"):
+        raise InvalidInputError(f"--layer must be an integer, 'final_norm' or 'auto', got {layer!r}.")
+    model = _load(args)
+    features: FeatureSpec | str = "auto"
+    if args.features and args.features != "auto":
+        parts = tuple(p.strip() for p in args.features.split(",") if p.strip())
+        features = FeatureSpec(parts=parts, layer=default_layer(model) if layer == "auto" else layer)
+
+    def progress(stage: str, done: int, total: int) -> None:
+        print(f"\r{stage}: {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    result = train_head(
+        examples,
+        model,
+        features=features,
+        layer=layer,
+        rotations=args.rotations,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        compare=() if args.no_compare else ("cloze", "letter"),
+        progress=progress,
+        metadata={"data": str(args.data)},
+    )
+    print(file=sys.stderr)
+    path = result.adapter.save(out)
+    print(result.summary())
+    print(f"saved {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m pocket_agent.decision.cli ...``)."""
+    parser = argparse.ArgumentParser(prog="pocket-agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_decide_parser(sub)
+    args = parser.parse_args(argv)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
