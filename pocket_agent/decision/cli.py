@@ -3,7 +3,7 @@
 ::
 
     pocket-agent decide "Is this review positive?" -o no -o yes --context "Great film."
-    pocket-agent decide train data.jsonl -o my.dec [--model M]
+    pocket-agent decide train data.jsonl -o my.dec [--model M] [--layer L]
 
 The main CLI calls :func:`add_decide_parser` with its sub-parsers; the registered parser
 sets ``func`` to :func:`run_decide_command`, which returns the process exit status.
@@ -21,7 +21,7 @@ from ._features import PARTS, FeatureSpec
 
 _USAGE = (
     'pocket-agent decide "question" -o OPTION -o OPTION [--context TEXT] [--model M] [--method M] [--adapter PATH]\n'
-    "       pocket-agent decide train DATA.jsonl -o OUT [--model M] [--features ...] [--rotations N]"
+    "       pocket-agent decide train DATA.jsonl -o OUT [--model M] [--layer L] [--features ...]"
 )
 
 
