@@ -35,7 +35,6 @@ from pocket_agent.errors import AdapterError, ContextOverflowError, InvalidInput
 from pocket_agent.runtime import Model, default_model_path, load_model
 
 MCQ = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mcq"
-TINY_GGUF = Path(__file__).resolve().parent / "fixtures" / "tiny-qwen3" / "tiny-qwen3-f16.gguf"
 REVIEW_POS = "A wonderful, moving film with brilliant acting. I loved every minute."
 Q_SENT = "What is the sentiment of this movie review?"
 
@@ -271,19 +270,14 @@ def test_adapter_for_another_model_is_rejected(clean: Model, tmp_path: Path) -> 
     assert get_decision_adapter(clean) is None
 
 
-def test_adapter_rejected_by_a_different_real_model(clean: Model, tmp_path: Path) -> None:
-    if not TINY_GGUF.is_file():
-        pytest.skip(f"fixture model missing: {TINY_GGUF}; run scripts/build_fixtures.py")
+def test_adapter_rejected_by_a_different_real_model(clean: Model, tiny_gguf: Model, tmp_path: Path) -> None:
     path = _random_adapter(clean).save(tmp_path / "smollm.dec")
-    tiny = load_model(TINY_GGUF, threads=1)  # same vocabulary, other architecture and size
-    try:
-        assert model_identity(tiny) != model_identity(clean)
-        with pytest.raises(AdapterError, match="identity"):
-            load_decision_adapter(tiny, path)
-        assert find_shipped_head(tiny) is None
-        assert decide("Pick one", ["a", "b"], model=tiny).method == "cloze"
-    finally:
-        tiny.close()
+    tiny = tiny_gguf  # same vocabulary, other architecture and size
+    assert model_identity(tiny) != model_identity(clean)
+    with pytest.raises(AdapterError, match="identity"):
+        load_decision_adapter(tiny, path)
+    assert find_shipped_head(tiny) is None
+    assert decide("Pick one", ["a", "b"], model=tiny).method == "cloze"
 
 
 def _write_lora(path: Path, n_embd: int, seed: int = 0) -> Path:
