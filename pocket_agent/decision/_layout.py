@@ -256,6 +256,20 @@ def _check_fits(model: Model, needed: int, what: str) -> None:
         )
 
 
+def _question_tokens(
+    model: Model, fmt: PromptFormat, parts: _TemplateParts, question: str, context: str | None
+) -> tuple[list[int], tuple[int, int]]:
+    """Template head, context and question tokens, and the span the context summary reads."""
+    toks = list(parts.head)
+    if context is not None:
+        toks += model.tokenize(_fill(fmt.context, context=context))
+    end_of_context = len(toks)
+    toks += model.tokenize(_fill(fmt.question, question=question))
+    # no context: the question stands in for it
+    span = (len(parts.head), end_of_context if context is not None else len(toks))
+    return toks, span
+
+
 def pointer_layout(
     model: Model, fmt: PromptFormat, question: str, options: Sequence[str], context: str | None
 ) -> PointerLayout:
@@ -265,14 +279,7 @@ def pointer_layout(
             f"{len(options)} options but only {len(fmt.labels)} labels ({fmt.labels[0]}-{fmt.labels[-1]})."
         )
     parts = template_parts(model, fmt, answer_prefix=fmt.answer_prefix)
-    toks = list(parts.head)
-    context_span = None
-    if context is not None:
-        toks += model.tokenize(_fill(fmt.context, context=context))
-        context_span = (len(parts.head), len(toks))
-    toks += model.tokenize(_fill(fmt.question, question=question))
-    if context_span is None:  # no context: the question stands in for it
-        context_span = (len(parts.head), len(toks))
+    toks, context_span = _question_tokens(model, fmt, parts, question, context)
     markers: list[int] = []
     spans: list[tuple[int, int]] = []
     for label, opt in zip(fmt.labels, options, strict=False):
@@ -303,13 +310,7 @@ def branch_layout(
 ) -> BranchLayout:
     """Lay out a question as one prompt and one ``option + marker`` continuation per option."""
     parts = template_parts(model, fmt, answer_prefix=fmt.answer_prefix)
-    toks = list(parts.head)
-    if context is not None:
-        toks += model.tokenize(_fill(fmt.context, context=context))
-        context_span = (len(parts.head), len(toks))
-    toks += model.tokenize(_fill(fmt.question, question=question))
-    if context is None:  # no context: the question stands in for it
-        context_span = (len(parts.head), len(toks))
+    toks, context_span = _question_tokens(model, fmt, parts, question, context)
     if fmt.footer:
         toks += model.tokenize(fmt.footer)
     toks += parts.tail

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import BackendError
+from ._llamacpp_context import context_params
 from ._llamacpp_tap import LayerTap, load_ggml_base
 from .base import LayerStates, LoraAdapter, StatesRequest, common_prefix_length
 
@@ -51,24 +52,15 @@ class _Job:
 class StateReader:
     """Reads the output of one transformer block for token sequences (see module doc)."""
 
-    def __init__(
-        self, lc: Any, model: Any, *, n_ctx: int, n_batch: int, threads: int, flash_attn: bool, n_embd: int
-    ) -> None:
+    def __init__(self, lc: Any, model: Any, *, n_ctx: int, n_batch: int, threads: int, n_embd: int) -> None:
         self._lc = lc
         self._tap = LayerTap(load_ggml_base(lc), lc.ggml_backend_sched_eval_callback, n_embd)
         self._n_embd = n_embd
         self._n_batch = n_batch
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch  # one micro-batch per decode: the tap sees every row at once
-        cparams.n_seq_max = N_SEQ
-        cparams.kv_unified = True
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
-        cparams.embeddings = False
-        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # n_ubatch = n_batch: the tap sees every row of a decode at once. Flash attention is
+        # on whatever the generating context uses, so the features (and the heads trained
+        # on them) do not depend on that setting.
+        cparams = context_params(lc, n_ctx=n_ctx, n_batch=n_batch, n_seq=N_SEQ, threads=threads, flash_attn=True)
         cparams.cb_eval = self._tap.callback
         cparams.cb_eval_user_data = None
         self._ctx = lc.llama_init_from_model(model, cparams)
@@ -76,7 +68,6 @@ class StateReader:
             raise BackendError("llama.cpp could not create the context that reads layer states.")
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(n_batch, 0, N_SEQ)
-        self._n_ctx = n_ctx
         self._base: list[int] = []
         self._base_depth = -1
         self._loras: list[tuple[int, float]] = []

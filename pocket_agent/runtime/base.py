@@ -420,15 +420,18 @@ class Model(abc.ABC):
 
     def open_lora(self, path: str | Path) -> LoraAdapter:
         """Load a LoRA adapter without applying it to generation (for :meth:`layer_states`)."""
+        adapter = self._new_lora(path, 0.0)
+        self._open_loras.append(adapter)
+        return adapter
+
+    def _new_lora(self, path: str | Path, scale: float) -> LoraAdapter:
         self._check_open()
         if not self.capabilities.lora:
             raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
         p = Path(path)
         if not p.is_file():
             raise AdapterError(f"LoRA adapter file not found: {p}")
-        adapter = LoraAdapter(path=p, scale=0.0, handle=self._load_lora(p))
-        self._open_loras.append(adapter)
-        return adapter
+        return LoraAdapter(path=p, scale=float(scale), handle=self._load_lora(p))
 
     def close_lora(self, adapter: LoraAdapter) -> None:
         """Free an adapter from :meth:`open_lora`."""
@@ -441,13 +444,7 @@ class Model(abc.ABC):
 
     def load_lora(self, path: str | Path, *, scale: float = 1.0) -> LoraAdapter:
         """Load a LoRA adapter (GGUF for llama.cpp, .mnn for MNN) and apply it at ``scale``."""
-        self._check_open()
-        if not self.capabilities.lora:
-            raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
-        p = Path(path)
-        if not p.is_file():
-            raise AdapterError(f"LoRA adapter file not found: {p}")
-        adapter = LoraAdapter(path=p, scale=float(scale), handle=self._load_lora(p))
+        adapter = self._new_lora(path, scale)
         self._loras.append(adapter)
         self._apply_loras()
         return adapter

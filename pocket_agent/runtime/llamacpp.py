@@ -24,6 +24,7 @@ from ..errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
+from ._llamacpp_context import context_params
 from ._llamacpp_states import StateReader
 from .base import (
     Capabilities,
@@ -135,17 +136,9 @@ class LlamaCppModel(Model):
         self._n_batch = max(1, min(n_batch, n_ctx))
         self._n_seq = max(1, n_seq)
 
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = self._n_batch
-        cparams.n_ubatch = self._n_batch
-        cparams.n_seq_max = self._n_seq
-        cparams.kv_unified = True
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
-        cparams.embeddings = False
-        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams = context_params(
+            lc, n_ctx=n_ctx, n_batch=self._n_batch, n_seq=self._n_seq, threads=threads, flash_attn=flash_attn
+        )
         ctx = lc.llama_init_from_model(model, cparams)
         if not ctx:
             self._close()
@@ -154,7 +147,6 @@ class LlamaCppModel(Model):
         self._mem = lc.llama_get_memory(ctx)
         self._embeddings_on = False
         self._threads = threads
-        self._flash_attn = flash_attn
         self._batch = lc.llama_batch_init(self._n_batch, 0, 1)
 
         self.vocab = self._read_vocab()
@@ -373,7 +365,6 @@ class LlamaCppModel(Model):
                 n_ctx=self.n_ctx,
                 n_batch=self._n_batch,
                 threads=self._threads,
-                flash_attn=True,
                 n_embd=self._n_embd,
             )
         return self._states.read(requests, layer, loras)

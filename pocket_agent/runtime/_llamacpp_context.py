@@ -1,0 +1,22 @@
+"""The llama.cpp context parameters every pocket_agent context shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def context_params(lc: Any, *, n_ctx: int, n_batch: int, n_seq: int, threads: int, flash_attn: bool) -> Any:
+    """``llama_context_params`` for a CPU context: one micro-batch per decode (``n_ubatch =
+    n_batch``), ``n_seq`` sequences in one unified KV cache, no pooling, logits only."""
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_batch
+    cparams.n_ubatch = n_batch
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = True
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+    cparams.embeddings = False
+    cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return cparams
