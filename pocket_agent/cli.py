@@ -142,6 +142,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from .runtime import load_model
 
     schema = load_schema(args.schema)
+    if args.ray:  # the actors load the model; Ray is imported only here
+        from .distributed.cli import extract_many_on_ray
+
+        return extract_many_on_ray(args, schema)
     model = load_model(args.model, threads=args.threads)
     if args.many:
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
@@ -212,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_ext.add_argument("--many", default=None, metavar="INPUT.jsonl", help="extract from every line of a JSONL file")
     p_ext.add_argument("--out", "-o", default=None, metavar="OUT.jsonl", help="where --many writes (default stdout)")
     p_ext.add_argument("--max-tokens", type=int, default=None)
+    p_ext.add_argument(
+        "--ray", action="store_true", help="run --many on Ray Data (extra: ray): local Ray, or $RAY_ADDRESS if set"
+    )
+    p_ext.add_argument("--actors", type=int, default=None, help="with --ray: models in parallel (default: CPUs)")
     p_ext.add_argument("--model", "-m", default=None, help="model path (default: $POCKET_AGENT_MODEL or embedded)")
     p_ext.add_argument("--threads", "-t", type=int, default=None)
     p_ext.set_defaults(func=cmd_extract)

@@ -75,8 +75,10 @@ class ShippedSchema:
 
 
 def _pickle_by_value(schema: type[BaseModel]) -> bytes | None:
-    """``schema`` pickled with its module's code, or by reference, or ``None`` when neither works."""
-    from ray import cloudpickle
+    """``schema`` pickled with its module's code, or ``None`` when it does not pickle."""
+    from ray import cloudpickle as _cloudpickle
+
+    cloudpickle: Any = _cloudpickle  # untyped module
 
     module = sys.modules.get(schema.__module__)
     by_value = module is not None and schema.__module__ != "__main__"  # __main__ is always by value

@@ -22,9 +22,9 @@ from ._schema import ShippedSchema
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from ._workers import WorkerSpec
-
     from ray.data import Dataset
+
+    from ._workers import WorkerSpec
 
 # Documents per batch, and per block after the streaming repartition: small, so work spreads
 # over every actor and the tail is short; a batch is one extract_many call in one actor.
@@ -37,7 +37,7 @@ def import_ray() -> ModuleType:
     """``ray`` with Ray Data, or :class:`BackendUnavailableError` saying how to install it."""
     try:
         import ray
-        import ray.data  # noqa: F401 - the Data library is a separate extra of ray
+        import ray.data
     except ImportError as exc:
         raise BackendUnavailableError(f"Ray Data is not installed ({exc}); install it with `{INSTALL_HINT}`.") from exc
     return ray
@@ -46,7 +46,7 @@ def import_ray() -> ModuleType:
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
-    return value
+    return int(value)
 
 
 def _check_options(fn: Callable[..., Any], options: Mapping[str, Any], reserved: Collection[str]) -> dict[str, Any]:
@@ -97,19 +97,22 @@ def _pool_size(ray: ModuleType, actors: Any, threads_per_actor: int) -> int:
     return max(1, cpus // threads_per_actor)
 
 
-def _blocks(ds: Dataset, batch: int, rebalance: bool) -> Dataset:
-    """The input as the actors should see it.
+def _blocks(ds: Dataset, batch: int, actors: int, rebalance: bool) -> tuple[Dataset, int]:
+    """The input as the actors should see it, and the rows per batch.
 
     Ray Data hands each block to one actor, and starts the actors before any upstream task
     (a read, a map): when the actors hold every CPU, such a task never runs and the job
-    hangs (ray-project/ray#44687). ``rebalance`` runs the upstream part now, cut into blocks
-    of ``batch`` rows held in the object store, so the actors get every CPU and every
-    actor gets work.
+    hangs (ray-project/ray#44687). ``rebalance`` runs the upstream part now and cuts it
+    into blocks of ``batch`` rows (fewer when there are fewer rows than ``actors`` full
+    batches), held in the object store, so the actors get every CPU and each gets work.
     """
     if not rebalance:
-        return ds
-    split: Dataset = ds.repartition(target_num_rows_per_block=batch).materialize()
-    return split
+        return ds, batch
+    whole = ds.materialize()
+    rows = whole.count()
+    per_block = max(1, min(batch, -(-rows // actors)))
+    split: Dataset = whole.repartition(target_num_rows_per_block=per_block).materialize()
+    return split, per_block
 
 
 def extract_dataset(
@@ -152,10 +155,11 @@ def extract_dataset(
         model_options: further ``load_model`` arguments for each actor (``n_ctx``, ...).
         rebalance: run the input's upstream part (reads, maps) when this is called and
             keep it in the object store (spilled to disk when larger) as blocks of
-            ``batch_size`` rows, so every actor gets work and the actors may hold every
-            CPU. ``False`` streams the input instead: then give it at least as many blocks
-            as actors, and leave CPUs free for its reads (Ray Data starts the actors first
-            and hangs when they hold every CPU a pending read needs).
+            ``batch_size`` rows (fewer when there are not enough rows to give every actor
+            a full batch), so every actor gets work and the actors may hold every CPU.
+            ``False`` streams the input instead: then give it at least as many blocks as
+            actors, and leave CPUs free for its reads (Ray Data starts the actors first and
+            hangs when they hold every CPU a pending read needs).
         extract_options: passed to ``extract_many`` (``max_tokens``, ``instructions``,
             ``examples``, ``retries``, ``max_string_chars``, ...).
 
@@ -175,7 +179,8 @@ def extract_dataset(
     spec = _worker_spec(model, threads_per_actor, model_options)
     batch = _positive_int("batch_size", batch_size)
     size = _pool_size(ray, actors, spec.threads)
-    mapped: Dataset = _blocks(ds, batch, rebalance).map_batches(
+    blocks, batch = _blocks(ds, batch, size, rebalance)
+    mapped: Dataset = blocks.map_batches(
         ExtractWorker,
         fn_constructor_kwargs={
             "spec": spec,
@@ -228,7 +233,8 @@ def decide_dataset(
     spec = _worker_spec(model, threads_per_actor, model_options)
     batch = _positive_int("batch_size", batch_size)
     size = _pool_size(ray, actors, spec.threads)
-    mapped: Dataset = _blocks(ds, batch, rebalance).map_batches(
+    blocks, batch = _blocks(ds, batch, size, rebalance)
+    mapped: Dataset = blocks.map_batches(
         DecideWorker,
         fn_constructor_kwargs={
             "spec": spec,

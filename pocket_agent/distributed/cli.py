@@ -1,0 +1,141 @@
+"""``pocket-agent extract --many in.jsonl --ray``: the JSONL extraction on a Ray cluster.
+
+The lines are read here, extracted by an actor pool (local Ray, or the cluster at
+``$RAY_ADDRESS``), and written back in input order in the same format as the
+single-process ``--many`` path, with a progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import InvalidInputError
+from .datasets import extract_dataset, import_ray
+
+_TEXT = "text"
+_INDEX = "index"
+
+
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """The documents of a JSONL file (each line a JSON string or an object with "text"),
+    and the output rows of lines that cannot be documents, both keyed by the line's index
+    among the non-blank lines (the index the single-process ``--many`` path reports)."""
+    if not path.is_file():
+        raise InvalidInputError(f"--many input not found: {path}")
+    rows: list[dict[str, Any]] = []
+    failed: dict[int, dict[str, Any]] = {}
+    index = 0
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError as exc:
+                failed[index] = _error_row(index, f"line {n} is not valid JSON: {exc}", InvalidInputError.__name__)
+            else:
+                if isinstance(doc, dict) and _TEXT not in doc:
+                    failed[index] = _error_row(index, f"line {n} has no 'text' field", InvalidInputError.__name__)
+                else:
+                    rows.append({_INDEX: index, _TEXT: doc[_TEXT] if isinstance(doc, dict) else doc})
+            index += 1
+    return rows, failed
+
+
+def _error_row(index: int, error: str, error_type: str) -> dict[str, Any]:
+    return {"index": index, "ok": False, "error": error, "error_type": error_type}
+
+
+class ProgressBar:
+    """Documents done, failed and per second on one stderr line (redrawn only on a terminal)."""
+
+    def __init__(self, total: int, stream: TextIO, actors: int) -> None:
+        self.total, self.stream, self.actors = total, stream, actors
+        self.done = self.failed = 0
+        self.t0 = time.perf_counter()
+        self.live = stream.isatty()
+
+    def line(self) -> str:
+        rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+        filled = int(30 * self.done / self.total) if self.total else 30
+        return (
+            f"[{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total} docs, {self.failed} failed, "
+            f"{rate:.2f} docs/s on {self.actors} actor(s)"
+        )
+
+    def update(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += 0 if ok else 1
+        if self.live:
+            self.stream.write("\r" + self.line())
+            self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write(("\r" if self.live else "") + self.line() + "\n")
+        self.stream.flush()
+
+
+def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
+    """Run ``extract --many --ray``; exit status 1 when any document failed."""
+    if not args.many:
+        raise InvalidInputError("--ray runs --many INPUT.jsonl on a Ray cluster; give --many.")
+    rows, failed = read_rows(Path(args.many))
+    ray = import_ray()
+    started = not ray.is_initialized()
+    if started:  # RAY_ADDRESS (an existing cluster) if set, else a local one
+        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}), logging_level="warning")
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # our bar instead of Ray Data's log lines
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"ray\.data\..*")
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False  # ours instead: one line counting documents
+        ctx.execution_options.preserve_order = True  # written in input order as they arrive
+        threads = args.threads or 1
+        actors = args.actors or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
+        options: dict[str, Any] = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+        bar = ProgressBar(len(rows) + len(failed), sys.stderr, actors)
+        try:
+            results: Iterable[dict[str, Any]] = ()
+            if rows:
+                ds = ray.data.from_items(rows, override_num_blocks=1)
+                results = extract_dataset(
+                    ds, schema, model=args.model, actors=actors, threads_per_actor=threads, **options
+                ).iter_rows()
+            next_index = 0
+            for res in results:
+                while next_index in failed:  # unreadable lines, in their place
+                    _write(out, failed.pop(next_index), bar)
+                    next_index += 1
+                row: dict[str, Any] = {"index": res[_INDEX], "ok": res["error_type"] is None}
+                if row["ok"]:
+                    row["value"] = json.loads(res["value"])
+                else:
+                    row["error"], row["error_type"] = res["error"], res["error_type"]
+                _write(out, row, bar)
+                next_index = res[_INDEX] + 1
+            for index in sorted(failed):
+                _write(out, failed[index], bar)
+        finally:
+            bar.close()
+            if out is not sys.stdout:
+                out.close()
+    finally:
+        if started:
+            ray.shutdown()
+    return 1 if bar.failed else 0
+
+
+def _write(out: TextIO, row: dict[str, Any], bar: ProgressBar) -> None:
+    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    out.flush()
+    bar.update(bool(row["ok"]))
