@@ -19,7 +19,7 @@ from ._head import FitReport, LinearHead, fit_head
 from ._identity import model_identity
 from ._layout import DEFAULT_FORMAT, PromptFormat, check_question
 from .adapter import DecisionAdapter, new_adapter
-from .core import _Item, _score, pointer_features
+from .core import Question, pointer_features, score_questions
 
 DEPTH_FRACTION = 0.6
 """Where ``train_head`` reads hidden states by default: after the block at 60% of the
@@ -78,8 +78,8 @@ class Example:
     answer: int
     context: str | None = None
 
-    def item(self) -> _Item:
-        return _Item(self.question, self.options, self.context)
+    def item(self) -> Question:
+        return Question(self.question, self.options, self.context)
 
     def rotated(self, shift: int) -> Example:
         """The same question with its options rotated left by ``shift``."""
@@ -320,7 +320,7 @@ def train_head(
     for name in compare:
         if progress is not None:
             progress(name, 0, len(val))
-        raws = _score(m, [e.item() for e in val], name, None, batched=False)
+        raws = score_questions(m, [e.item() for e in val], name, None, batched=False)
         zero_shot[name] = _accuracy([int(np.argmax(r)) for r in raws], gold)
     seconds = time.perf_counter() - t0
     training = {
