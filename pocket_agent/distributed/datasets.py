@@ -160,8 +160,8 @@ def extract_dataset(
             ``False`` streams the input instead: then give it at least as many blocks as
             actors, and leave CPUs free for its reads (Ray Data starts the actors first and
             hangs when they hold every CPU a pending read needs).
-        extract_options: passed to ``extract_many`` (``max_tokens``, ``instructions``,
-            ``examples``, ``retries``, ``max_string_chars``, ...).
+        extract_options: passed to ``extract_many`` (``max_tokens``, ``sampling``,
+            ``limits``, ``instructions``, ``examples``, ``retries``); each must pickle.
 
     Raises:
         BackendUnavailableError: Ray Data is not installed.
