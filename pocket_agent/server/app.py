@@ -19,6 +19,7 @@ import hmac
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ from .protocol import (
 )
 
 log = logging.getLogger("pocket_agent.server")
+
+DISCONNECT_POLL_S = 0.25
+"""How often a request that is not streaming checks whether its client is still there."""
 
 DRAIN_LIMIT = 64 << 20
 """An oversized body is read (and dropped) up to this many bytes before the 413, so that
@@ -95,7 +99,7 @@ class ServerConfig:
             raise InvalidInputError("api_key is empty; give a real key or none.")
 
 
-class _Stopped(Exception):
+class _StoppedError(Exception):
     """The work was stopped between two tokens: ``reason`` is ``timeout`` or ``disconnect``."""
 
     def __init__(self, reason: str) -> None:
@@ -115,6 +119,7 @@ class Job:
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self._stop = threading.Event()
         self._reason = ""
+        self._polled = time.monotonic()
 
     def cancel(self, reason: str) -> None:
         """Stop the work at its next check (no effect once it has finished)."""
@@ -123,11 +128,11 @@ class Job:
             self._stop.set()
 
     def check(self) -> None:
-        """Raise :class:`_Stopped` if the job was cancelled or its deadline passed."""
+        """Raise :class:`_StoppedError` if the job was cancelled or its deadline passed."""
         if self._stop.is_set():
-            raise _Stopped(self._reason)
+            raise _StoppedError(self._reason)
         if time.monotonic() > self.deadline:
-            raise _Stopped("timeout")
+            raise _StoppedError("timeout")
 
     def post(self, item: Any) -> None:
         """Hand an event (or an exception, or the end marker) to the event loop."""
@@ -143,13 +148,15 @@ class Job:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 self.cancel("timeout")
-                raise _Stopped("timeout")
-            try:
-                item = await asyncio.wait_for(self.events.get(), timeout=min(0.25, remaining))
-            except TimeoutError:
-                if request is not None and await request.is_disconnected():
+                raise _StoppedError("timeout")
+            if request is not None and time.monotonic() - self._polled > DISCONNECT_POLL_S:
+                self._polled = time.monotonic()
+                if await request.is_disconnected():
                     self.cancel("disconnect")
-                    raise _Stopped("disconnect") from None
+                    raise _StoppedError("disconnect")
+            try:
+                item = await asyncio.wait_for(self.events.get(), timeout=min(DISCONNECT_POLL_S, remaining))
+            except TimeoutError:
                 continue
             if item is _END:
                 raise APIError(500, "The work ended without a result.", type="server_error")
@@ -170,6 +177,10 @@ class Runner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pocket-agent-model")
         self._pending = 0
         self._avg_s = 2.0
+        self.outcomes: Counter[str] = Counter()
+        """How finished work ended: ``ok``, ``error``, ``timeout``, ``disconnect`` (stopped
+        because the client went away), ``finished`` (the answer was complete before the
+        last check)."""
 
     @property
     def pending(self) -> int:
@@ -194,23 +205,31 @@ class Runner:
 
         def run() -> None:
             t0 = time.monotonic()
+            outcome = "ok"
             try:
                 job.check()  # the client may have left, or the deadline passed, while it waited
                 for ev in work(job.check):
                     job.post(ev)
+                    if ev.kind == "done":
+                        break
                     job.check()
             except BaseException as exc:
+                outcome = exc.reason if isinstance(exc, _StoppedError) else "error"
                 job.post(exc)
             finally:
                 job.post(_END)
                 elapsed = time.monotonic() - t0
-                loop.call_soon_threadsafe(self._done, elapsed)
+                try:
+                    loop.call_soon_threadsafe(self._done, elapsed, outcome)
+                except RuntimeError:  # the loop is gone (server shutting down)
+                    pass
 
         self._pool.submit(run)
         return job
 
-    def _done(self, elapsed: float) -> None:
+    def _done(self, elapsed: float, outcome: str) -> None:
         self._pending -= 1
+        self.outcomes[outcome] += 1
         self._avg_s = 0.8 * self._avg_s + 0.2 * elapsed
 
     def shutdown(self) -> None:
@@ -221,7 +240,7 @@ def api_error(exc: BaseException) -> APIError:
     """The OpenAI-shaped error for anything a request raised."""
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, _Stopped):
+    if isinstance(exc, _StoppedError):
         if exc.reason == "timeout":
             return APIError(504, "The request ran past the server's timeout.", type="timeout_error", code="timeout")
         return APIError(499, "The client closed the request.", type="invalid_request_error", code="client_closed")
@@ -324,7 +343,12 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": config.model_name, "pending": runner.pending}
+        return {
+            "status": "ok",
+            "model": config.model_name,
+            "pending": runner.pending,
+            "outcomes": dict(runner.outcomes),
+        }
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
@@ -335,7 +359,9 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
         authorize(request)
         if model_id != config.model_name:
-            raise APIError(404, f"No model {model_id!r}; this server has {config.model_name!r}.", code="model_not_found")
+            raise APIError(
+                404, f"No model {model_id!r}; this server has {config.model_name!r}.", code="model_not_found"
+            )
         return model_card()
 
     async def start(request: Request, work: Work) -> Job:

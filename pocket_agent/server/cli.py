@@ -59,7 +59,9 @@ def _require_extra() -> None:
         )
 
 
-def serve(model: Model, config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def serve(
+    model: Model, config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+) -> None:
     """Serve ``model`` over HTTP until interrupted (blocks)."""
     _require_extra()
     import uvicorn

@@ -12,9 +12,9 @@ that went away or a request past its deadline stops the generation at the next t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .. import Agent, Model, SamplingParams, Tool, decide, extract_stream
 from ..errors import ContextOverflowError, OutputBudgetExceeded, SchemaError, UnsupportedSchemaError
@@ -103,17 +103,24 @@ class ChatTurn:
             compile_schema(schema, model, "response_format.json_schema.schema")
         tools = []
         for i, spec in enumerate(job.tools):
-            t = Tool.from_openai(spec)
-            compile_schema(t.parameters, model, f"tools.{i}.function.parameters")
-            tools.append(t)
+            raw = spec["function"].get("parameters")
+            if raw is not None:  # as sent: Tool normalises (and closes) the schema it keeps
+                compile_schema(raw, model, f"tools.{i}.function.parameters")
+            tools.append(Tool.from_openai(spec))
         agent = self._agent(tools, schema, job.max_tokens)
         n_prompt = len(agent.prompt_ids(job.messages))
         n_ctx = model.info.n_ctx
-        if n_prompt + job.max_tokens > n_ctx:
+        room = n_ctx - n_prompt
+        if not job.max_tokens_given and 0 < room < job.max_tokens:
+            # No max_tokens asked for: the reply may use what the context has left.
+            agent = self._agent(tools, schema, room)
+        elif job.max_tokens > room:
+            need = n_prompt + (job.max_tokens if job.max_tokens_given else 1)
+            asked = f" and max_tokens is {job.max_tokens}" if job.max_tokens_given else ""
             raise ContextOverflowError(
-                f"The prompt is {n_prompt} tokens and max_tokens is {job.max_tokens}: {n_prompt + job.max_tokens} "
-                f"tokens do not fit in the model's context of {n_ctx}. Shorten the messages or lower max_tokens.",
-                needed=n_prompt + job.max_tokens,
+                f"The prompt is {n_prompt} tokens{asked}: {need} tokens do not fit in the model's context of "
+                f"{n_ctx}. Shorten the messages" + (" or lower max_tokens." if job.max_tokens_given else "."),
+                needed=need,
                 n_ctx=n_ctx,
             )
         return agent, n_prompt
@@ -134,7 +141,7 @@ class ChatTurn:
         started = False
         step: Any = None
         finish: Literal["stop", "length", "tool_calls"] | None = None
-        stream = agent.stream(job.messages)
+        stream = cast(Generator[Any, None, None], agent.stream(job.messages))
         try:
             for ev in stream:
                 check()

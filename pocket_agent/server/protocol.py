@@ -29,7 +29,7 @@ class APIError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
@@ -190,6 +190,7 @@ class ChatJob:
     parallel_tool_calls: bool
     response_schema: dict[str, Any] | bool | None
     max_tokens: int
+    max_tokens_given: bool
     temperature: float
     top_p: float
     seed: int | None
@@ -318,6 +319,7 @@ def chat_job(req: ChatCompletionRequest) -> ChatJob:
         parallel_tool_calls=req.parallel_tool_calls is not False,
         response_schema=schema,
         max_tokens=max_tokens,
+        max_tokens_given=bool(req.max_completion_tokens or req.max_tokens),
         temperature=0.0 if req.temperature is None else float(req.temperature),
         top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=req.seed,
@@ -363,7 +365,7 @@ class Reply:
         }
 
 
-def completion_body(reply: Reply, *, id: str, model: str) -> dict[str, Any]:  # noqa: A002
+def completion_body(reply: Reply, *, id: str, model: str) -> dict[str, Any]:
     """A ``chat.completion`` object."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
     if reply.tool_calls:
@@ -381,7 +383,7 @@ def completion_body(reply: Reply, *, id: str, model: str) -> dict[str, Any]:  # 
 
 def chunk_body(
     *,
-    id: str,  # noqa: A002
+    id: str,
     model: str,
     created: int,
     delta: dict[str, Any] | None = None,
