@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
+from pocket_agent import Limits
 from pocket_agent.errors import OutputBudgetExceeded
 from pocket_agent.runtime import Model, chatml_template
 from pocket_agent.tools import (
@@ -32,7 +33,8 @@ from pocket_agent.tools import (
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Short turns keep the suite fast; strings are capped so a looping model cannot fill a turn.
-FAST: dict[str, Any] = {"max_tokens": 128, "max_string_chars": 48}
+FAST_LIMITS = Limits(max_tokens=128, max_string_chars=48)
+FAST: dict[str, Any] = {"limits": FAST_LIMITS}
 
 
 def _load_example(name: str) -> ModuleType:
@@ -69,7 +71,7 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
     assert calc.safe_eval("2 ** 10 + sqrt(16) * (3 - 1)") == 1032.0
     with pytest.raises(ValueError, match="unsupported"):
         calc.safe_eval("__import__('os').system('echo hi')")
-    agent = Agent(calc.TOOLS, model=smollm, tool_choice="required", max_steps=3, **FAST)
+    agent = Agent(calc.TOOLS, model=smollm, tool_choice="required", limits=FAST_LIMITS.replace(max_steps=3))
     events: list[AgentEvent] = []
     result, steps = _run(agent, "What is 12 * 7?", on_event=events.append)
     assert steps and steps[0].tool_calls, "tool_choice='required' makes the first turn call a tool"
@@ -79,8 +81,9 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
     ok = [r for r in first.results if r.ok]
     for r in ok:
         assert r.content == json.dumps(calc.safe_eval(r.call.arguments["expression"]))
-    assert first.prompt_tokens > 0 and first.completion_tokens > 0 and first.forced_tokens > 0
-    assert first.generation_s > 0
+    u = first.usage
+    assert u.prompt_tokens > 0 and u.completion_tokens > 0 and u.forced_tokens > 0
+    assert u.generation_s > 0 and u.requests == 1
     kinds = [e.kind for e in events if e.kind != "text"]
     assert kinds[0] == "step" and kinds[1] == "tool_call" and kinds[2] == "tool_result"
     assert "".join(e.text for e in events if e.kind == "text" and e.step_index == 0).startswith(
@@ -89,7 +92,8 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
     if result is not None:
         assert kinds[-1] == "final" and events[-1].run is result
         assert isinstance(result.final, str)
-        assert result.usage.steps == len(steps)
+        assert result.usage.requests == len(steps)
+        assert result.usage.completion_tokens == sum(s.usage.completion_tokens for s in steps)
         assert result.usage.tool_calls == sum(len(s.tool_calls) for s in steps)
         assert result.messages[-1]["role"] == "assistant"
         tool_msgs = [m for m in result.messages if m["role"] == "tool"]
@@ -102,7 +106,7 @@ def test_raising_tool_becomes_error_observation(smollm: Model) -> None:
         """Download a web page."""
         raise ConnectionError(f"cannot reach {url}")
 
-    agent = Agent([fetch_page], model=smollm, tool_choice="required", max_steps=2, **FAST)
+    agent = Agent([fetch_page], model=smollm, tool_choice="required", limits=FAST_LIMITS.replace(max_steps=2))
     _, steps = _run(agent, "Fetch https://example.com please.")
     _assert_well_formed(steps, agent)
     res = steps[0].results[0]
@@ -120,7 +124,7 @@ def test_max_steps_error_carries_steps(smollm: Model) -> None:
         calls.append(word)
         return f"{word}: a word"
 
-    agent = Agent([lookup], model=smollm, tool_choice="required", max_steps=1, **FAST)
+    agent = Agent([lookup], model=smollm, tool_choice="required", limits=FAST_LIMITS.replace(max_steps=1))
     with pytest.raises(MaxStepsExceeded) as info:
         agent.run("Define the word 'pocket'.")
     exc = info.value
@@ -144,7 +148,9 @@ def test_confirmation_callback_can_deny(smollm: Model) -> None:
         asked.append(call)
         return False
 
-    agent = Agent([delete_file], model=smollm, tool_choice="delete_file", max_steps=1, confirm=deny, **FAST)
+    agent = Agent(
+        [delete_file], model=smollm, tool_choice="delete_file", confirm=deny, limits=FAST_LIMITS.replace(max_steps=1)
+    )
     _, steps = _run(agent, "Delete notes.txt")
     assert asked and asked[0].name == "delete_file"
     res = steps[0].results[0]
@@ -201,7 +207,7 @@ def test_execute_rules_unknown_tool_truncation_timeout(smollm: Model) -> None:
         time.sleep(seconds)
         return "done"
 
-    agent = Agent([big, slow], model=smollm, max_result_chars=100, tool_timeout=0.3)
+    agent = Agent([big, slow], model=smollm, limits=Limits(max_result_chars=100, tool_timeout=0.3))
     r = agent.execute(ToolCall("big", {"n": 5000}))
     assert r.ok and r.truncated
     assert r.content.startswith("x" * 100) and "truncated: showing 100 of 5000 characters" in r.content

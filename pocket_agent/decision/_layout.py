@@ -13,7 +13,6 @@ import string
 import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 from ..errors import AdapterError, ContextOverflowError, InvalidInputError
 from ..runtime import Model
@@ -369,7 +368,3 @@ def label_token_ids(model: Model, labels: str, n: int) -> list[list[int]]:
             raise InvalidInputError(f"The label {label!r} is not a single token for this model.")
         out.append(ids)
     return out
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return asdict(obj)
