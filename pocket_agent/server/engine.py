@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from .. import Agent, Model, SamplingParams, Tool, decide, extract_stream
+from .. import Agent, Model, Sampling, Step, Tool, decide, extract_stream
 from ..errors import ContextOverflowError, OutputBudgetExceeded, SchemaError, UnsupportedSchemaError
 from ..grammars import compile_grammar
 from ..tools.format import CALL_OPEN
@@ -56,11 +56,9 @@ def compile_schema(schema: Any, model: Model, where: str) -> None:
         raise APIError(400, f"{where} is not a valid JSON Schema: {exc}", param=where, code="invalid_schema") from None
 
 
-def _counts(step: Any) -> tuple[int, int]:
+def _counts(step: Step) -> tuple[int, int]:
     """Prompt and completion tokens of an agent step."""
-    usage = getattr(step, "usage", None)
-    src = usage if usage is not None and hasattr(usage, "prompt_tokens") else step
-    return int(src.prompt_tokens), int(src.completion_tokens)
+    return step.usage.prompt_tokens, step.usage.completion_tokens
 
 
 class ChatTurn:
@@ -87,7 +85,7 @@ class ChatTurn:
             parallel_tool_calls=job.parallel_tool_calls,
             max_parallel_calls=8 if job.parallel_tool_calls else 1,
             max_tokens=max_tokens,
-            sampling=SamplingParams(temperature=job.temperature, top_p=job.top_p, seed=job.seed),
+            sampling=Sampling(temperature=job.temperature, top_p=job.top_p, seed=job.seed),
             call_threshold=self.call_threshold if job.tool_choice == "auto" else None,
         )
 
@@ -139,7 +137,7 @@ class ChatTurn:
         released = 0
         n_events = 0
         started = False
-        step: Any = None
+        step: Step | None = None
         finish: Literal["stop", "length", "tool_calls"] | None = None
         stream = cast(Generator[Any, None, None], agent.stream(job.messages))
         try:
