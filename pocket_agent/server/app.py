@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,7 +305,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 def create_app(model: Model, config: ServerConfig) -> FastAPI:
     """The FastAPI app serving ``model``."""
     runner = Runner(config.max_queue)
-    app = FastAPI(title="pocket-agent", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            runner.shutdown()
+
+    app = FastAPI(title="pocket-agent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.runner = runner
     created = int(time.time())
 
@@ -321,10 +330,6 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
     @app.exception_handler(Exception)
     async def _any_error(request: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
-
-    @app.on_event("shutdown")
-    def _shutdown() -> None:
-        runner.shutdown()
 
     def authorize(request: Request) -> None:
         if config.api_key is None:

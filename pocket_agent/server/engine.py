@@ -83,7 +83,8 @@ class ChatTurn:
             output=schema,
             tool_choice=job.tool_choice,
             parallel_tool_calls=job.parallel_tool_calls,
-            max_parallel_calls=8 if job.parallel_tool_calls else 1,
+            # A named tool_choice asks for that function: one call, as OpenAI's models make.
+            max_parallel_calls=8 if job.parallel_tool_calls and job.tool_choice in ("auto", "required") else 1,
             max_tokens=max_tokens,
             sampling=Sampling(temperature=job.temperature, top_p=job.top_p, seed=job.seed),
             call_threshold=self.call_threshold if job.tool_choice == "auto" else None,
