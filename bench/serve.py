@@ -387,7 +387,12 @@ def write_md(runs: list[SystemRun], args: argparse.Namespace, meta: dict[str, An
     ]
     lines += [
         "",
-        "Per request kind (answered requests): mean latency (queue time included) / mean completion tokens.",
+        "Per request kind (answered requests): mean latency (queue time included) / mean completion tokens. "
+        "Every client sends its kinds in the same order, so a kind's latency mostly reflects its place in the "
+        "queue. Completion tokens are as each server reports them: ours count the whole turn, including the "
+        '`<tool_call>{"name": ..., "arguments": ` wrapper that the grammar forces (fed as one batch).',
+        "Both servers get greedy requests with the same messages; the peer sees structured output as "
+        '`{"type": "json_object", "schema": ...}`, its own form.',
         "",
         "| system | " + " | ".join(dict.fromkeys(KINDS)) + " |",
         "|---|" + "---|" * len(dict.fromkeys(KINDS)),
@@ -403,6 +408,7 @@ def write_md(runs: list[SystemRun], args: argparse.Namespace, meta: dict[str, An
             else:
                 cells.append("-")
         lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+    lines.append("")
     for run in runs:
         for val in run.extra.values():
             lines.append(f"- {run.name}, OpenAI's `response_format={{'type': 'json_schema', ...}}` form: {val}.")
