@@ -217,6 +217,8 @@ class SystemRun:
     results: list[Result] = field(default_factory=list)
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    round: int = 1
+    load: float = 0.0
 
 
 def free_port() -> int:
@@ -256,9 +258,10 @@ def running(cmd: list[str], base: str, log: Path) -> Iterator[None]:
             proc.wait(timeout=20)
 
 
-def bench_system(name: str, cmd: list[str], port: int, peer: bool, args: argparse.Namespace) -> SystemRun:
+def bench_system(name: str, cmd: list[str], port: int, peer: bool, args: argparse.Namespace, round_: int) -> SystemRun:
     base = f"http://127.0.0.1:{port}"
-    run = SystemRun(name, " ".join(cmd).replace(sys.executable, "python"))
+    run = SystemRun(name, " ".join(cmd).replace(sys.executable, "python"), round=round_)
+    run.load = os.getloadavg()[0]
     log = Path(args.logs) / f"serve-{name}.log"
     with running(cmd, base, log):
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=args.timeout)
@@ -359,18 +362,31 @@ def write_md(runs: list[SystemRun], args: argparse.Namespace, meta: dict[str, An
         "",
         "Systems:",
     ]
-    for run in runs:
-        lines.append(f"- *{run.name}*: `{run.command}`")
+    names = list(dict.fromkeys(r.name for r in runs))
+    merged = []
+    for name in names:
+        mine = [r for r in runs if r.name == name]
+        all_rounds = SystemRun(name, mine[0].command, extra=mine[0].extra, round=0)
+        all_rounds.results = [x for r in mine for x in r.results]
+        all_rounds.wall_s = sum(r.wall_s for r in mine)
+        merged.append(all_rounds)
+        lines.append(f"- *{name}*: `{mine[0].command}` (port chosen per run)")
     lines += [
         "",
-        "| system | requests | answered | cleanly refused | lost | schema-valid (structured) | json_schema valid "
-        "| tool calls valid | cut at max_tokens | p50 s | p95 s | req/s | completion tok/s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | round | load avg at start | requests | answered | cleanly refused | lost "
+        "| schema-valid (structured) | json_schema valid | tool calls valid | cut at max_tokens | p50 s | p95 s "
+        "| req/s | completion tok/s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for run in runs:
+    ordered = sorted(runs, key=lambda r: (names.index(r.name), r.round))
+    for run in ordered + merged:
         r = row(run)
+        label = f"**{run.name}**" if run.round == 0 else run.name
+        when = "all" if run.round == 0 else str(run.round)
+        load = "" if run.round == 0 else f"{run.load:.1f}"
         lines.append(
-            f"| {run.name} | {r['n']} | {r['answered']} | {r['refused']} | {r['lost']} | {r['valid_structured']} "
+            f"| {label} | {when} | {load} | {r['n']} | {r['answered']} | {r['refused']} | {r['lost']} "
+            f"| {r['valid_structured']} "
             f"| {r['valid_json']} | {r['valid_tools']} | {r['length']} | {r['p50']:.1f} | {r['p95']:.1f} "
             f"| {r['rps']:.2f} | {r['tok_s']:.1f} | {r['wall']:.0f} |"
         )
@@ -384,6 +400,8 @@ def write_md(runs: list[SystemRun], args: argparse.Namespace, meta: dict[str, An
         "- Latency is per request as the client sees it, queue time included (8 clients share one model "
         "that serves one request at a time on both servers), so p50/p95 are dominated by waiting; "
         "req/s and completion tok/s are over the whole run's wall time.",
+        "- The machine is shared (2 cores, other sessions working): a run's speed follows the load more than "
+        "the server. The systems alternate round by round; compare rows of similar load, and the **all** rows.",
     ]
     lines += [
         "",
@@ -397,7 +415,7 @@ def write_md(runs: list[SystemRun], args: argparse.Namespace, meta: dict[str, An
         "| system | " + " | ".join(dict.fromkeys(KINDS)) + " |",
         "|---|" + "---|" * len(dict.fromkeys(KINDS)),
     ]
-    for run in runs:
+    for run in merged:
         cells = []
         for kind in dict.fromkeys(KINDS):
             rs = [r for r in run.results if r.req.kind == kind and r.status == "answered"]
@@ -409,7 +427,7 @@ def write_md(runs: list[SystemRun], args: argparse.Namespace, meta: dict[str, An
                 cells.append("-")
         lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
     lines.append("")
-    for run in runs:
+    for run in merged:
         for val in run.extra.values():
             lines.append(f"- {run.name}, OpenAI's `response_format={{'type': 'json_schema', ...}}` form: {val}.")
     failures = [(run.name, r) for run in runs for r in run.results if r.status != "answered" or r.valid is False]
@@ -429,6 +447,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--timeout", type=float, default=900.0, help="client timeout per request, s")
     p.add_argument("--only", choices=["ours", "peer"], default=None)
+    p.add_argument("--rounds", type=int, default=2, help="times each system is run, alternating")
     p.add_argument("--logs", default="/tmp")
     p.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = p.parse_args()
@@ -436,17 +455,18 @@ def main() -> None:
     meta = {"machine": machine(), "versions": versions(), "model": model}
     t0 = time.perf_counter()
     runs = []
-    if args.only in (None, "ours"):
-        port = free_port()
-        cmd = [sys.executable, "-m", "pocket_agent", "serve", "--model", model, "--threads", str(args.threads)]
-        cmd += ["--n-ctx", str(args.n_ctx), "--port", str(port), "--max-queue", "64", "--timeout", "900"]
-        runs.append(bench_system("pocket-agent serve", cmd, port, False, args))
-    if args.only in (None, "peer"):
-        port = free_port()
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_threads", str(args.threads)]
-        cmd += ["--n_threads_batch", str(args.threads), "--n_ctx", str(args.n_ctx), "--port", str(port)]
-        cmd += ["--host", "127.0.0.1", "--chat_format", "chatml-function-calling", "--verbose", "False"]
-        runs.append(bench_system("llama_cpp.server", cmd, port, True, args))
+    for k in range(1, args.rounds + 1):  # the systems alternate, so a busier spell hits both
+        if args.only in (None, "ours"):
+            port = free_port()
+            cmd = [sys.executable, "-m", "pocket_agent", "serve", "--model", model, "--threads", str(args.threads)]
+            cmd += ["--n-ctx", str(args.n_ctx), "--port", str(port), "--max-queue", "64", "--timeout", "900"]
+            runs.append(bench_system("pocket-agent serve", cmd, port, False, args, k))
+        if args.only in (None, "peer"):
+            port = free_port()
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_threads", str(args.threads)]
+            cmd += ["--n_threads_batch", str(args.threads), "--n_ctx", str(args.n_ctx), "--port", str(port)]
+            cmd += ["--host", "127.0.0.1", "--chat_format", "chatml-function-calling", "--verbose", "False"]
+            runs.append(bench_system("llama_cpp.server", cmd, port, True, args, k))
     meta["minutes"] = (time.perf_counter() - t0) / 60
     md = write_md(runs, args, meta)
     Path(args.out).write_text(md, encoding="utf-8")
