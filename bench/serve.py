@@ -286,6 +286,10 @@ def bench_system(name: str, cmd: list[str], port: int, peer: bool, args: argpars
             for rs in pool.map(client_loop, by_client.values()):
                 run.results.extend(rs)
         run.wall_s = time.perf_counter() - t0
+    if peer and "Input should be 'text' or 'json_object'" in log.read_text(errors="replace"):
+        run.extra["openai_json_schema_form"] += (
+            " (its log: a request-validation error, response_format.type must be 'text' or 'json_object')"
+        )
     return run
 
 
