@@ -26,11 +26,11 @@ LAYERS: dict[str, int] = {
     "tools": 5,
     "decision": 5,
     "convert": 5,
-    "cli": 6,
     "server": 6,
     "distributed": 6,
-    "__main__": 7,
-    "__init__": 8,
+    "cli": 7,  # the command line also starts the other faces (pocket-agent serve)
+    "__main__": 8,
+    "__init__": 9,
 }
 
 

@@ -30,7 +30,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import Model
 from ..errors import (
     AdapterError,
     ContextOverflowError,
@@ -42,6 +41,7 @@ from ..errors import (
     ToolArgumentError,
     UnsupportedSchemaError,
 )
+from ..runtime import Model
 from .engine import ChatTurn, Check, Event, decide_events, extract_events
 from .protocol import (
     APIError,

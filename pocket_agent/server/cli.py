@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidInputError, PocketAgentError
 
 if TYPE_CHECKING:
-    from .. import Model
+    from ..runtime import Model
     from .app import ServerConfig
 
 API_KEY_ENV = "POCKET_AGENT_API_KEY"
@@ -79,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise InvalidInputError(f"--port must be in 0..65535, got {args.port}.")
     _require_extra()
-    from .. import load_model
+    from ..runtime import load_model
     from .app import ServerConfig
 
     model = load_model(args.model, threads=args.threads, n_ctx=args.n_ctx)

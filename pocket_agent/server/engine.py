@@ -16,9 +16,13 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from .. import Agent, Model, Sampling, Step, Tool, decide, extract_stream
+from ..decision import decide
 from ..errors import ContextOverflowError, OutputBudgetExceeded, SchemaError, UnsupportedSchemaError
+from ..extraction import extract_stream
 from ..grammars import compile_grammar
+from ..options import Sampling
+from ..runtime import Model
+from ..tools import Agent, Step, Tool
 from ..tools.format import CALL_OPEN
 from .protocol import APIError, CallOut, ChatJob, Reply, new_id
 
