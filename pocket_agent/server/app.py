@@ -178,6 +178,7 @@ class Runner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pocket-agent-model")
         self._pending = 0
         self._avg_s = 2.0
+        self._jobs: set[Job] = set()
         self.outcomes: Counter[str] = Counter()
         """How finished work ended: ``ok``, ``error``, ``timeout``, ``disconnect`` (stopped
         because the client went away), ``finished`` (the answer was complete before the
@@ -203,6 +204,7 @@ class Runner:
         loop = asyncio.get_running_loop()
         job = Job(loop, time.monotonic() + timeout_s)
         self._pending += 1
+        self._jobs.add(job)
 
         def run() -> None:
             t0 = time.monotonic()
@@ -221,19 +223,23 @@ class Runner:
                 job.post(_END)
                 elapsed = time.monotonic() - t0
                 try:
-                    loop.call_soon_threadsafe(self._done, elapsed, outcome)
+                    loop.call_soon_threadsafe(self._done, job, elapsed, outcome)
                 except RuntimeError:  # the loop is gone (server shutting down)
                     pass
 
         self._pool.submit(run)
         return job
 
-    def _done(self, elapsed: float, outcome: str) -> None:
+    def _done(self, job: Job, elapsed: float, outcome: str) -> None:
         self._pending -= 1
+        self._jobs.discard(job)
         self.outcomes[outcome] += 1
         self._avg_s = 0.8 * self._avg_s + 0.2 * elapsed
 
     def shutdown(self) -> None:
+        """Stop running work at its next token and drop what waits."""
+        for job in list(self._jobs):
+            job.cancel("shutdown")
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
