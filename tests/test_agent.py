@@ -100,71 +100,6 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
         assert len(tool_msgs) == result.usage.tool_calls
 
 
-def test_raising_tool_becomes_error_observation(smollm: Model) -> None:
-    @tool
-    def fetch_page(url: str) -> str:
-        """Download a web page."""
-        raise ConnectionError(f"cannot reach {url}")
-
-    agent = Agent([fetch_page], model=smollm, tool_choice="required", limits=FAST_LIMITS.replace(max_steps=2))
-    _, steps = _run(agent, "Fetch https://example.com please.")
-    _assert_well_formed(steps, agent)
-    res = steps[0].results[0]
-    assert res.status == "error"
-    assert res.content.startswith("Error: ConnectionError: cannot reach")
-    assert len(steps) == 2  # the loop went on to a second turn that saw the error
-
-
-def test_max_steps_error_carries_steps(smollm: Model) -> None:
-    calls: list[str] = []
-
-    @tool
-    def lookup(word: str) -> str:
-        """Look a word up in the dictionary."""
-        calls.append(word)
-        return f"{word}: a word"
-
-    agent = Agent([lookup], model=smollm, tool_choice="required", limits=FAST_LIMITS.replace(max_steps=1))
-    with pytest.raises(MaxStepsExceeded) as info:
-        agent.run("Define the word 'pocket'.")
-    exc = info.value
-    assert len(exc.steps) == 1
-    assert exc.steps[0].tool_calls and exc.steps[0].results
-    assert calls  # the call ran before the budget of steps ended
-    assert [m["role"] for m in exc.messages][-1] == "tool"
-
-
-def test_confirmation_callback_can_deny(smollm: Model) -> None:
-    ran: list[int] = []
-    asked: list[ToolCall] = []
-
-    @tool(confirm=True)
-    def delete_file(path: str) -> str:
-        """Delete a file."""
-        ran.append(1)
-        return "deleted"
-
-    def deny(call: ToolCall) -> bool:
-        asked.append(call)
-        return False
-
-    agent = Agent(
-        [delete_file], model=smollm, tool_choice="delete_file", confirm=deny, limits=FAST_LIMITS.replace(max_steps=1)
-    )
-    _, steps = _run(agent, "Delete notes.txt")
-    assert asked and asked[0].name == "delete_file"
-    res = steps[0].results[0]
-    assert res.status == "denied" and "denied" in res.content
-    assert not ran
-    # without any callback a confirm=True tool never runs
-    nobody = Agent([delete_file], model=smollm)
-    res2 = nobody.execute(ToolCall("delete_file", {"path": "a.txt"}))
-    assert res2.status == "denied" and "no confirmation callback" in res2.content
-    approved = Agent([delete_file], model=smollm, confirm=lambda c: True)
-    assert approved.execute(ToolCall("delete_file", {"path": "a.txt"})).output == "deleted"
-    assert ran == [1]
-
-
 def test_budget_too_small_for_a_call_raises(smollm: Model) -> None:
     calc = _load_example("agent_calculator")
     agent = Agent(calc.TOOLS, model=smollm, tool_choice="required", max_tokens=6)
@@ -175,24 +110,6 @@ def test_budget_too_small_for_a_call_raises(smollm: Model) -> None:
     short = Agent(calc.TOOLS, model=smollm, tool_choice="none", max_tokens=4)
     step = short.step("Tell me a long story about numbers.")
     assert step.is_final and step.finish_reason == "length" and step.final
-
-
-def test_step_executes_nothing(smollm: Model) -> None:
-    ran: list[int] = []
-
-    @tool
-    def send_email(to: str, body: str) -> str:
-        """Send an email."""
-        ran.append(1)
-        return "sent"
-
-    agent = Agent([send_email], model=smollm, tool_choice="required", **FAST)
-    step = agent.step("Email bob@example.com that the build is green.")
-    assert step.tool_calls and not step.results and not ran
-    _assert_well_formed([step], agent)
-    # the caller decides, then executes through the agent's rules
-    res = agent.execute(step.tool_calls[0])
-    assert res.ok and ran == [1]
 
 
 def test_execute_rules_unknown_tool_truncation_timeout(smollm: Model) -> None:
