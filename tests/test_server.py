@@ -107,8 +107,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server that wants an API key and gives each request 3 seconds."""
-    yield from _start(tmp_path_factory.mktemp("serve-key"), "--api-key", API_KEY, "--timeout", "3")
+    """A server that wants an API key and gives each request 2 seconds."""
+    yield from _start(tmp_path_factory.mktemp("serve-key"), "--api-key", API_KEY, "--timeout", "2")
 
 
 class Invoice(BaseModel):
@@ -152,11 +152,11 @@ CONVERT = {
 }
 TOOLS: list[Any] = [WEATHER, CONVERT]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-# Output that cannot end soon: 60 strings of 20+ characters (the model writes for many seconds).
+# Output that cannot end soon: 60 strings of 40+ characters, 700+ tokens (many seconds even on a fast CPU).
 LONG_SCHEMA = {
     "type": "object",
     "properties": {
-        "items": {"type": "array", "items": {"type": "string", "minLength": 20}, "minItems": 60, "maxItems": 60}
+        "items": {"type": "array", "items": {"type": "string", "minLength": 40}, "minItems": 60, "maxItems": 60}
     },
     "required": ["items"],
     "additionalProperties": False,
