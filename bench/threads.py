@@ -5,7 +5,8 @@ This llama.cpp build runs its threads with OpenMP (``OPENMP = 1`` in its system 
 threads meet at OpenMP barriers, where libgomp spins before it sleeps. When another process
 holds a core, a spinning thread burns the time slice its partner needs. Each configuration
 runs in its own process (libgomp reads its environment once), idle and with one busy
-spinner process beside it, with the wait policy left to libgomp or set to ``PASSIVE``.
+spinner process beside it, with the wait left to libgomp, set to ``PASSIVE`` (sleep at once),
+or with a shorter spin (``GOMP_SPINCOUNT``) before sleeping.
 
     python bench/threads.py [--decode 48] [--repeats 3] [--out bench/threads.md]
 """
@@ -48,11 +49,19 @@ def worker(threads: int, repeats: int, n_decode: int) -> dict[str, Any]:
     return {"prompt": len(prompt), "prefill": statistics.median(pre), "decode": statistics.median(dec)}
 
 
-def run(threads: int, policy: str | None, busy: bool, repeats: int, n_decode: int) -> dict[str, Any]:
+SETTINGS: dict[str, dict[str, str]] = {
+    "libgomp default": {},
+    "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
+    "GOMP_SPINCOUNT=100000": {"GOMP_SPINCOUNT": "100000"},
+}
+
+
+def run(threads: int, setting: str, busy: bool, repeats: int, n_decode: int) -> dict[str, Any]:
     env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy
+    for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        env.pop(key, None)
+    env.update(SETTINGS[setting])
     spinner = None
     if busy:
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -90,9 +99,9 @@ def main() -> None:
 
     rows = []
     for busy in (False, True):
-        for threads, policy in ((1, None), (2, None), (2, "PASSIVE"), (1, "PASSIVE")):
-            r = run(threads, policy, busy, args.repeats, args.decode)
-            rows.append((busy, threads, policy or "libgomp default", r))
+        for threads, setting in [(1, "libgomp default"), *((2, s) for s in SETTINGS), (1, "OMP_WAIT_POLICY=PASSIVE")]:
+            r = run(threads, setting, busy, args.repeats, args.decode)
+            rows.append((busy, threads, setting, r))
             print(rows[-1], flush=True)
     base = {busy: r for busy, t, p, r in rows if t == 1 and p == "libgomp default"}
     lines = [
@@ -107,7 +116,7 @@ def main() -> None:
         f"steps, median of {args.repeats}; each row its own process. *busy*: one `while True: pass` process "
         "runs beside it.",
         "",
-        "| machine | threads | OMP_WAIT_POLICY | prefill tok/s | decode tok/s | decode vs 1 thread |",
+        "| machine | threads | OpenMP setting | prefill tok/s | decode tok/s | decode vs 1 thread |",
         "|---|---|---|---|---|---|",
     ]
     for busy, threads, policy, r in rows:

@@ -235,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_decide_parser(sub)
 
+    from .server.cli import add_serve_parser
+
+    add_serve_parser(sub)
+
     p_conv = sub.add_parser("convert", help="convert a GGUF file or HF folder to an MNN build (extra: convert)")
     from .convert import add_convert_arguments
 

@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     "convert": 5,
     "server": 6,
     "distributed": 6,
-    "cli": 7,  # the command line dispatches to the other faces (extract --ray -> distributed)
+    "cli": 7,  # the command line also starts the other faces (pocket-agent serve, extract --ray)
     "__main__": 8,
     "__init__": 9,
 }

@@ -96,15 +96,14 @@ def test_models_load_and_run_with_extra_buffers_forced_off() -> None:
         m.close()
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pocket_agent ARGS`` as a user runs it."""
+    command = [sys.executable, "-m", "pocket_agent", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+
+
 def test_cli_info_states_the_buffer_decision() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pocket_agent", "info", str(TINY_GGUF), "--threads", "1"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
+    proc = _cli("info", str(TINY_GGUF), "--threads", "1")
     assert proc.returncode == 0, proc.stderr
     assert "extra buffers" in proc.stdout
 
@@ -331,14 +330,7 @@ def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
 
 
 def test_cli_generate_is_bounded_and_says_why_it_stopped() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pocket_agent", "generate", str(TINY_GGUF), "Hello", "--max-tokens", "5", "-t", "1"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
+    proc = _cli("generate", str(TINY_GGUF), "Hello", "--max-tokens", "5", "-t", "1")
     assert proc.returncode == 0, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("[") and "tokens; stopped:" in last
