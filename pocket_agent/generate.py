@@ -59,6 +59,8 @@ class _Sampler:
             return int(np.argmax(logits))
         scaled = logits.astype(np.float64) / p.temperature
         finite = np.flatnonzero(np.isfinite(scaled))
+        if finite.size == 0:  # a temperature so small that every logit overflowed: greedy
+            return int(np.argmax(logits))
         vals = scaled[finite]
         if p.top_k and p.top_k < len(finite):
             keep = np.argpartition(-vals, p.top_k - 1)[: p.top_k]

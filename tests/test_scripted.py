@@ -176,3 +176,11 @@ def test_stop_strings_and_limits() -> None:
 def test_loop_guard_breaks_a_free_text_loop() -> None:
     out = generate("loop", model=ScriptedModel(["ha" * 40]), limits=Limits(max_tokens=40, repeat_limit=4))
     assert "hahahahaha" not in out.text  # the guard banned the token continuing the loop
+
+
+def test_a_vanishing_temperature_samples_greedily() -> None:
+    """Found by the fuzz test: a denormal temperature overflowed every logit to inf."""
+    from pocket_agent import Sampling
+
+    out = generate("hi", model=ScriptedModel(["ok"]), sampling=Sampling(temperature=2.2250738585e-313, seed=1))
+    assert out.text == "ok"
