@@ -58,9 +58,9 @@ class _Sampler:
         if p.temperature == 0:
             return int(np.argmax(logits))
         scaled = logits.astype(np.float64) / p.temperature
-        finite = np.flatnonzero(np.isfinite(scaled))
-        if finite.size == 0:  # a temperature so small that every logit overflowed: greedy
+        if np.isposinf(scaled).any():  # a temperature so small that logits overflowed: greedy
             return int(np.argmax(logits))
+        finite = np.flatnonzero(np.isfinite(scaled))
         vals = scaled[finite]
         if p.top_k and p.top_k < len(finite):
             keep = np.argpartition(-vals, p.top_k - 1)[: p.top_k]
