@@ -177,23 +177,8 @@ def extract_dataset(
     options = _check_options(extract_many, extract_options, reserved={"model", "progress"})
     shipped = ShippedSchema.of(schema)
     spec = _worker_spec(model, threads_per_actor, model_options)
-    batch = _positive_int("batch_size", batch_size)
-    size = _pool_size(ray, actors, spec.threads)
-    blocks, batch = _blocks(ds, batch, size, rebalance)
-    mapped: Dataset = blocks.map_batches(
-        ExtractWorker,
-        fn_constructor_kwargs={
-            "spec": spec,
-            "schema": shipped,
-            "text_column": text_column,
-            "extract_options": options,
-        },
-        batch_size=batch,
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=size),
-        num_cpus=spec.threads,
-    )
-    return mapped
+    kwargs = {"schema": shipped, "text_column": text_column, "extract_options": options}
+    return _map_on_pool(ray, ds, ExtractWorker, spec, kwargs, actors, batch_size, rebalance)
 
 
 def decide_dataset(
@@ -218,8 +203,8 @@ def decide_dataset(
     for the context) becomes an error row. Input columns of those names are replaced. A
     missing ``context_column`` means no context. ``decide_options`` go to ``decide_many``
     (``method``, ``batched``); ``model``, ``actors``, ``threads_per_actor``,
-    ``batch_size``, ``model_options`` and ``rebalance`` as in :func:`extract_dataset` (a Dec adapter for
-    every worker: ``model_options={"decision_adapter": path}``).
+    ``batch_size``, ``model_options`` and ``rebalance`` as in :func:`extract_dataset` (the workers
+    use the head shipped for the model, as ``decide`` does).
     """
     ray = import_ray()
     from ._workers import DecideWorker
@@ -231,18 +216,32 @@ def decide_dataset(
             raise InvalidInputError(f"{name} must be a column name, got {col!r}.")
     options = _check_options(decide_many, decide_options, reserved={"model"})
     spec = _worker_spec(model, threads_per_actor, model_options)
+    kwargs = {
+        "question_column": question_column,
+        "options_column": options_column,
+        "context_column": context_column,
+        "decide_options": options,
+    }
+    return _map_on_pool(ray, ds, DecideWorker, spec, kwargs, actors, batch_size, rebalance)
+
+
+def _map_on_pool(
+    ray: Any,
+    ds: Dataset,
+    worker: type,
+    spec: Any,
+    kwargs: dict[str, Any],
+    actors: int | None,
+    batch_size: int,
+    rebalance: bool,
+) -> Dataset:
+    """``worker`` (a class UDF that loads one model per actor) over ``ds`` on an actor pool."""
     batch = _positive_int("batch_size", batch_size)
     size = _pool_size(ray, actors, spec.threads)
     blocks, batch = _blocks(ds, batch, size, rebalance)
     mapped: Dataset = blocks.map_batches(
-        DecideWorker,
-        fn_constructor_kwargs={
-            "spec": spec,
-            "question_column": question_column,
-            "options_column": options_column,
-            "context_column": context_column,
-            "decide_options": options,
-        },
+        worker,
+        fn_constructor_kwargs={"spec": spec, **kwargs},
         batch_size=batch,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=size),
