@@ -71,6 +71,25 @@ def _make_environment() -> ImmutableSandboxedEnvironment:
 _ENV = _make_environment()
 
 
+def check_messages(messages: Sequence[Any]) -> Sequence[Mapping[str, Any]]:
+    """``messages`` checked as chat messages: dicts whose ``role`` is a non-empty string and
+    whose ``content``, when present, is a string or None.
+
+    Raises:
+        InvalidInputError: naming the first message that is not one.
+    """
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise InvalidInputError(f"messages[{i}] must be a dict with a 'role' key, got {m!r}.")
+        role = m["role"]
+        if not isinstance(role, str) or not role.strip():
+            raise InvalidInputError(f"messages[{i}]['role'] must be a non-empty string such as 'user', got {role!r}.")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise InvalidInputError(f"messages[{i}]['content'] must be a string, got {type(content).__name__}.")
+    return messages
+
+
 class ChatTemplate:
     """A model's chat template: turns messages into the prompt text the model was tuned on.
 
@@ -103,11 +122,7 @@ class ChatTemplate:
         """Render ``messages`` (``{"role", "content"}`` dicts) into prompt text."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise InvalidInputError("messages must be a list of {'role': ..., 'content': ...} dicts.")
-        checked = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or "role" not in m:
-                raise InvalidInputError(f"messages[{i}] must be a dict with a 'role' key, got {m!r}.")
-            checked.append(dict(m))
+        checked = [dict(m) for m in check_messages(messages)]
         if not checked:
             raise InvalidInputError("messages is empty; give at least one message.")
         try:
@@ -123,6 +138,13 @@ class ChatTemplate:
             raise ModelLoadError(f"The chat template from {self.source} tried an unsafe operation: {exc}") from exc
         except jinja2.TemplateError as exc:
             raise InvalidInputError(f"The chat template from {self.source} rejected the messages: {exc}") from exc
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            # Templates do arithmetic on message fields (``'<|im_start|>' + message.role``); a
+            # field of the wrong type fails there, inside the template, not in our code.
+            raise InvalidInputError(
+                f"The chat template from {self.source} could not render the messages "
+                f"({type(exc).__name__}: {exc}); check each message's 'role' and 'content'."
+            ) from exc
 
     def __repr__(self) -> str:
         return f"<ChatTemplate source={self.source!r}>"

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInputError
+from .chat_template import check_messages
 
 if TYPE_CHECKING:
     from .base import Model
@@ -64,9 +64,7 @@ class PromptData:
 
 def _data_messages(messages: Sequence[Mapping[str, Any]], data: PromptData) -> list[dict[str, Any]]:
     out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or "role" not in message:
-            raise InvalidInputError(f"messages[{i}] must be a dict with a 'role' key, got {message!r}.")
+    for message in check_messages(messages):
         m = dict(message)
         content = m.get("content")
         if isinstance(content, str) and content and not data.holds_slots(content):
