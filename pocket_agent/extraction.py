@@ -25,6 +25,7 @@ from .errors import (
     SchemaError,
 )
 from .generate import GenerationStats, SamplingParams, render_prompt, run_generation, stream_tokens
+from .grounding import DEFAULT_GROUNDING, Extraction, Grounding, check_grounding, document_grammar, field_confidence
 from .runtime import Model, resolve_model
 
 T = TypeVar("T", bound=BaseModel)
@@ -155,6 +156,7 @@ class _Prepared:
     json_schema: dict[str, Any]
     grammar: Any
     max_tokens: int
+    grammar_schema: dict[str, Any]
 
 
 def _prepare(
@@ -183,7 +185,9 @@ def _prepare(
     limit = DEFAULT_EXTRACT_MAX_TOKENS if max_tokens is None else max_tokens
     if not isinstance(limit, int) or limit < 1:
         raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
-    return _Prepared(model=m, schema=schema, json_schema=js, grammar=grammar, max_tokens=limit)
+    return _Prepared(
+        model=m, schema=schema, json_schema=js, grammar=grammar, max_tokens=limit, grammar_schema=grammar_schema
+    )
 
 
 def _check_text(text: Any) -> str:
@@ -218,6 +222,13 @@ def _validate(p: _Prepared, raw: str) -> Any:
     return data
 
 
+def _text_grammar(p: _Prepared, text: str, grounded: Grounding) -> Any:
+    """The grammar for one document: grounded in ``text`` when the schema has grounded values."""
+    strings, numbers = check_grounding(grounded)
+    doc = document_grammar(p.model, p.grammar_schema, text, strings=strings, numbers=numbers)
+    return p.grammar if doc is None else doc
+
+
 def _error_text(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
@@ -234,18 +245,25 @@ def _extract_prepared(
     examples: Sequence[tuple[str, Any]] | None,
     retries: int,
     sampling: SamplingParams | None,
+    grounded: Grounding = DEFAULT_GROUNDING,
+    confidence: bool = False,
 ) -> Any:
     messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
+    grammar = _text_grammar(p, text, grounded)
     last_raw: str | None = None
     last_error: Exception | None = None
     for _attempt in range(retries + 1):
         ids = _prompt_ids(p, messages, len(text))
         result = run_generation(
-            p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, sampling=sampling, repeat_limit=REPEAT_LIMIT
+            p.model, ids, grammar=grammar, max_tokens=p.max_tokens, sampling=sampling, repeat_limit=REPEAT_LIMIT
         )
         last_raw = result.text
         try:
-            return _validate(p, result.text)
+            value = _validate(p, result.text)
+            if confidence:
+                scores = field_confidence(p.model, ids, result.tokens, grammar, result.text)
+                return Extraction(value=value, confidence=scores, raw=result.text)
+            return value
         except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
             last_error = exc
             messages = [
@@ -275,7 +293,27 @@ def extract(
     max_tokens: int | None = ...,
     retries: int = ...,
     sampling: SamplingParams | None = ...,
+    max_string_chars: int | None = ...,
+    grounded: Grounding = ...,
+    confidence: Literal[False] = ...,
 ) -> T: ...
+
+
+@overload
+def extract(
+    text: str,
+    schema: type[T],
+    *,
+    model: Model | str | None = ...,
+    instructions: str | None = ...,
+    examples: Sequence[tuple[str, Any]] | None = ...,
+    max_tokens: int | None = ...,
+    retries: int = ...,
+    sampling: SamplingParams | None = ...,
+    max_string_chars: int | None = ...,
+    grounded: Grounding = ...,
+    confidence: Literal[True],
+) -> Extraction[T]: ...
 
 
 @overload
@@ -289,6 +327,9 @@ def extract(
     max_tokens: int | None = ...,
     retries: int = ...,
     sampling: SamplingParams | None = ...,
+    max_string_chars: int | None = ...,
+    grounded: Grounding = ...,
+    confidence: bool = ...,
 ) -> Any: ...
 
 
@@ -303,6 +344,8 @@ def extract(
     retries: int = 1,
     sampling: SamplingParams | None = None,
     max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
+    grounded: Grounding = DEFAULT_GROUNDING,
+    confidence: bool = False,
 ) -> Any:
     """Extract ``schema`` from ``text``.
 
@@ -321,12 +364,30 @@ def extract(
         max_string_chars: free strings (no enum, pattern, format or smaller maxLength)
             are closed after this many characters, so a model looping inside a string
             still finishes with a valid object; ``None`` lifts the cap.
+        grounded: which values must be copied verbatim from ``text`` (see
+            :mod:`pocket_agent.grounding`): ``True`` (default) grounds plain string fields
+            (no enum, const, pattern or format; a field opts out with
+            ``Field(json_schema_extra={"x-grounded": False})``), ``"all"`` numbers too
+            (one of the numbers printed in the text), ``False`` nothing.
+        confidence: return an :class:`~pocket_agent.grounding.Extraction` whose
+            ``confidence`` gives each top-level field the mean probability of the tokens
+            the model chose for it (one extra evaluation of the output, no generation).
     """
     _check_text(text)
     if not isinstance(retries, int) or retries < 0:
         raise InvalidInputError(f"retries must be a non-negative integer, got {retries!r}.")
+    check_grounding(grounded)
     p = _prepare(schema, model, max_tokens, max_string_chars)
-    return _extract_prepared(p, text, instructions=instructions, examples=examples, retries=retries, sampling=sampling)
+    return _extract_prepared(
+        p,
+        text,
+        instructions=instructions,
+        examples=examples,
+        retries=retries,
+        sampling=sampling,
+        grounded=grounded,
+        confidence=bool(confidence),
+    )
 
 
 # -- many documents --------------------------------------------------------------------------
@@ -384,6 +445,7 @@ def extract_many(
     retries: int = 1,
     progress: bool | None = None,
     max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
+    grounded: Grounding = DEFAULT_GROUNDING,
 ) -> Iterator[ExtractOutcome[Any]]:
     """Extract from many documents, yielding one :class:`ExtractOutcome` per document in order.
 
@@ -392,9 +454,10 @@ def extract_many(
     too long, output budget exhausted, validation failure) is reported on its outcome and
     the run goes on. An exception instance among ``texts`` (how a reader flags an
     unreadable record) is reported as that item's error. ``progress`` shows a progress
-    bar on stderr (default: when stderr is a terminal). ``max_string_chars`` as in
-    :func:`extract`.
+    bar on stderr (default: when stderr is a terminal). ``max_string_chars`` and
+    ``grounded`` as in :func:`extract`.
     """
+    check_grounding(grounded)
     p = _prepare(schema, model, max_tokens, max_string_chars)
     show = sys.stderr.isatty() if progress is None else progress
     total = len(texts) if isinstance(texts, Sequence) else None
@@ -407,7 +470,13 @@ def extract_many(
                     raise text
                 _check_text(text)
                 value = _extract_prepared(
-                    p, text, instructions=instructions, examples=examples, retries=retries, sampling=None
+                    p,
+                    text,
+                    instructions=instructions,
+                    examples=examples,
+                    retries=retries,
+                    sampling=None,
+                    grounded=grounded,
                 )
                 outcome: ExtractOutcome[Any] = ExtractOutcome(index=i, value=value)
             except PocketAgentError as exc:
@@ -474,6 +543,7 @@ def extract_stream(
     examples: Sequence[tuple[str, Any]] | None = None,
     max_tokens: int | None = None,
     max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
+    grounded: Grounding = DEFAULT_GROUNDING,
 ) -> Iterator[Any]:
     """Yield partial results as fields complete, then the validated object.
 
@@ -482,14 +552,16 @@ def extract_stream(
     returns. A failed validation raises :class:`ExtractionError` (no retry in streaming).
     """
     _check_text(text)
+    check_grounding(grounded)
     p = _prepare(schema, model, max_tokens, max_string_chars)
+    grammar = _text_grammar(p, text, grounded)
     messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
     ids = _prompt_ids(p, messages, len(text))
     stats = GenerationStats()
     buf: list[str] = []
     seen = 0
     for ev in stream_tokens(
-        p.model, ids, grammar=p.grammar, max_tokens=p.max_tokens, stats=stats, repeat_limit=REPEAT_LIMIT
+        p.model, ids, grammar=grammar, max_tokens=p.max_tokens, stats=stats, repeat_limit=REPEAT_LIMIT
     ):
         buf.append(ev.text)
         fields = complete_fields("".join(buf))
