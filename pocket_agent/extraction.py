@@ -34,6 +34,8 @@ DEFAULT_EXTRACT_MAX_TOKENS = 512
 # Small models sometimes loop inside a free string until the token budget runs out; the
 # grammar closes such a string after this many characters (the value stays schema-valid).
 DEFAULT_MAX_STRING_CHARS = 256
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How extraction output is laid out: ``json.dumps``'s separators, no other whitespace."""
 # ... or repeats one token (``10.1000000000...``); after this many in a row it is masked once.
 REPEAT_LIMIT = 8
 
@@ -177,6 +179,9 @@ def _prepare(
         raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars!r}.")
     m = resolve_model(model)
     grammar_schema = js if isinstance(schema, Mapping) else close_objects(js)
+    # JSON laid out as json.dumps writes it (", " and ": "): SmolLM2-135M copies numbers
+    # right far more often after '": ' than after '":' (bench/extract.md).
+    grammar_schema = {**grammar_schema, "x-guidance": {**JSON_LAYOUT, **dict(grammar_schema.get("x-guidance") or {})}}
     if max_string_chars is not None:
         if max_string_chars < 1:
             raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars}.")

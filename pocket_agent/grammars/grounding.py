@@ -149,8 +149,11 @@ class _Builder:
     """Walks the schema and writes the Lark rules; ``None`` from :meth:`value` means the
     subschema holds nothing grounded (it is then embedded whole as ``%json``)."""
 
-    def __init__(self, root: Mapping[str, Any], text: str, strings: bool, numbers: bool, layout: Layout) -> None:
+    def __init__(
+        self, root: Mapping[str, Any], text: str, strings: bool, numbers: bool, layout: Layout, prefix: str = "g"
+    ) -> None:
         self.root = root
+        self.prefix = prefix
         self.text = text
         self.strings = strings
         self.numbers = numbers
@@ -167,7 +170,7 @@ class _Builder:
 
     def name(self, stem: str) -> str:
         self.count += 1
-        return f"{stem}_{self.count}"
+        return f"{self.prefix}_{stem}_{self.count}"
 
     def resolve(self, node: Mapping[str, Any]) -> Mapping[str, Any]:
         seen = 0
@@ -214,7 +217,7 @@ class _Builder:
         key = f"{lo_i}:{hi}"
         if key in self.terminals:
             return self.terminals[key]
-        name = f"SPAN_{len(self.terminals)}"
+        name = f"{self.prefix.upper()}_SPAN_{len(self.terminals)}"
         # the span itself; then: no space at either end, and the length bounds
         body = "%regex " + json.dumps({"substring_chunks": self.chunks}, ensure_ascii=False)
         edges = r"/[^ ]|[^ ](?s:.*)[^ ]/"
@@ -360,22 +363,47 @@ def grounded_grammar(
     *,
     strings: bool = True,
     numbers: bool = False,
-    layout: Layout = COMPACT,
+    layout: Layout | None = None,
 ) -> str | None:
     """An llguidance Lark grammar for ``schema`` whose grounded values come from ``text``.
 
     Returns ``None`` when nothing in the schema is grounded (or the text has no words),
     so the caller keeps its plain (cached) JSON Schema grammar. ``strings``/``numbers`` are
     the defaults for plain strings and numbers; ``"x-grounded"`` on a value overrides them.
+    ``layout`` defaults to the separators in the schema's top-level ``x-guidance`` (else
+    compact ``,`` and ``:``).
     Objects must be closed (``additionalProperties: false``) to be walked; anything the
     walker does not handle is embedded as ``%json`` with its usual constraint.
     """
+    if layout is None:
+        opts = schema.get("x-guidance")
+        opts = opts if isinstance(opts, Mapping) else {}
+        layout = Layout(str(opts.get("item_separator", ",")), str(opts.get("key_separator", ":")))
     b = _Builder(schema, text, strings, numbers, layout)
     top = b.value(schema)
     if top is None or b.grounded == 0:
         return None
     head = "%llguidance {}\n" + f"start: {top}\n"
     return head + "\n".join(b.rules) + "\n"
+
+
+def grounded_rules(
+    schema: Mapping[str, Any],
+    text: str,
+    *,
+    prefix: str,
+    strings: bool = True,
+    numbers: bool = False,
+    layout: Layout = COMPACT,
+) -> tuple[str, list[str]] | None:
+    """The rules of :func:`grounded_grammar` without a ``start``, to embed in a larger
+    grammar: ``(top rule name, rule lines)``; names start with ``prefix`` (a lowercase
+    identifier unique in the host grammar). ``None`` when nothing is grounded."""
+    b = _Builder(schema, text, strings, numbers, layout, prefix)
+    top = b.value(schema)
+    if top is None or b.grounded == 0:
+        return None
+    return top, b.rules
 
 
 def grounded_values(schema: Mapping[str, Any], data: Any, *, strings: bool = True) -> list[tuple[str, str]]:

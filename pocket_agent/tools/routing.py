@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,7 +44,7 @@ ANSWER = "answer"
 NEUTRAL_QUESTION = "N/A"
 """The content-free question whose scores calibrate every decision."""
 
-CALL_BIAS = 0.0
+CALL_BIAS = 7.9
 """Added to every tool's calibrated score (log scale); fitted on the BFCL dev split."""
 
 
@@ -154,3 +154,57 @@ def decide_route(
         raw=dict(question),
         call_probability=max(0.0, min(1.0, p_call)),
     )
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """Content of the last user message (the request tool arguments are grounded in)."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            c = m.get("content")
+            return c if isinstance(c, str) and c.strip() else None
+    return None
+
+
+def neutral_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with the last user message replaced by :data:`NEUTRAL_QUESTION`."""
+    out = [dict(m) for m in messages]
+    for m in reversed(out):
+        if m.get("role") == "user":
+            m["content"] = NEUTRAL_QUESTION
+            break
+    return out
+
+
+class Router:
+    """Scores the routing options of one agent's turns (start-token sets, call tokens and
+    the neutral prompt's scores are computed once and reused)."""
+
+    def __init__(self, bias: float = CALL_BIAS) -> None:
+        self.bias = bias
+        self._sets: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+        self._call_tokens: list[list[int]] | None = None
+        self._neutral: dict[tuple[int, ...], dict[str, float]] = {}
+
+    def route(
+        self,
+        model: Model,
+        tools: Sequence[Tool],
+        prompt: Sequence[int],
+        neutral_prompt: Sequence[int],
+        start_sets: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]],
+    ) -> Routing:
+        """The calibrated decision for the turn after ``prompt``."""
+        if self._sets is None:
+            self._sets = start_sets()
+        if self._call_tokens is None:
+            self._call_tokens = [model.tokenize(call_text(t.name), special=True) for t in tools]
+        first_allowed, call_first = self._sets
+        key = tuple(neutral_prompt)
+        neutral = self._neutral.get(key)
+        if neutral is None:
+            neutral = option_log_probs(model, neutral_prompt, tools, first_allowed, call_first, self._call_tokens)
+            if len(self._neutral) > 64:
+                self._neutral.clear()
+            self._neutral[key] = neutral
+        question = option_log_probs(model, prompt, tools, first_allowed, call_first, self._call_tokens)
+        return decide_route(question, neutral, bias=self.bias)
