@@ -40,6 +40,7 @@ SEED = 0
 from pocket_agent.decision import (  # noqa: E402
     DecisionAdapter,
     FeatureSpec,
+    HeadTraining,
     decide,
     decide_many,
     extract_features,
@@ -232,9 +233,8 @@ def train_heads(m: Model, args: argparse.Namespace, cache: dict[Any, Any]) -> di
     for name in args.sets:
         train, _ = split(name)
         t1 = time.perf_counter()
-        res = train_head(
-            train, m, rotations=0, val_fraction=0.15, compare=(), seed=SEED, progress=progress, feature_cache=cache
-        )
+        own_training = HeadTraining(rotations=0, val_fraction=0.15, compare=(), seed=SEED)
+        res = train_head(train, m, training=own_training, progress=progress, feature_cache=cache)
         own[name] = {"adapter": res.adapter, "train_s": time.perf_counter() - t1, "n_train": len(train)}
         log(f"[{name}] own head: {res.summary().splitlines()[1]} ({own[name]['train_s']:.0f}s)")
     if args.train_shipped:
@@ -247,10 +247,7 @@ def train_heads(m: Model, args: argparse.Namespace, cache: dict[Any, Any]) -> di
         res = train_head(
             rows,
             m,
-            rotations=0,
-            val_fraction=0.15,
-            compare=("cloze", "letter"),
-            seed=SEED,
+            training=HeadTraining(rotations=0, val_fraction=0.15, compare=("cloze", "letter"), seed=SEED),
             progress=progress,
             feature_cache=cache,
             metadata={

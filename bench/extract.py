@@ -115,8 +115,9 @@ class Result:
 
 
 def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_agent.extract)") -> Result:
+    from pocket_agent import Limits
     from pocket_agent.errors import PocketAgentError
-    from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, REPEAT_LIMIT, _prepare, _text_grammar, build_messages
+    from pocket_agent.extraction import _prepare, _text_grammar, build_messages
     from pocket_agent.generate import render_prompt, run_generation
     from pocket_agent.grammars import clear_cache
     from pocket_agent.grounding import DEFAULT_GROUNDING
@@ -124,7 +125,8 @@ def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_
     res = Result(label)
     clear_cache()
     t0 = time.perf_counter()
-    prepared = _prepare(Receipt, model, MAX_TOKENS, DEFAULT_MAX_STRING_CHARS)
+    limits = Limits(max_tokens=MAX_TOKENS)
+    prepared = _prepare(Receipt, model, sampling=None, limits=limits, max_tokens=None, retries=0)
     res.compile_ms = (time.perf_counter() - t0) * 1000
     schema = closed_schema()
     for doc in docs:
@@ -134,36 +136,39 @@ def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_
             # the grammar extract() uses for this document: grounded strings, json.dumps layout
             grammar = _text_grammar(prepared, doc["text"], DEFAULT_GROUNDING)
             res.grounded_compile_ms.append((time.perf_counter() - t0) * 1000)
-            out = run_generation(model, ids, grammar=grammar, max_tokens=MAX_TOKENS, repeat_limit=REPEAT_LIMIT)
+            out = run_generation(model, ids, grammar=grammar, limits=limits)
         except PocketAgentError as exc:
             res.errors.append(type(exc).__name__)
             res.add(time.perf_counter() - t0, MAX_TOKENS, None, doc["expected"])
             continue
         dt = time.perf_counter() - t0
-        res.gen_tokens += out.stats.completion_tokens
-        res.gen_seconds += dt - out.stats.prefill_s
-        res.mask_us += [s * 1e6 for s in out.stats.mask_s]
-        res.forced += out.stats.forced_tokens
-        if out.stats.decode_calls:
-            res.decode_step_s.append(out.stats.decode_s / out.stats.decode_calls)
-        res.add(dt, out.stats.completion_tokens, parse_valid(out.text, schema), doc["expected"])
+        u = out.usage
+        res.gen_tokens += u.completion_tokens
+        res.gen_seconds += dt - u.prefill_s
+        res.mask_us += [s * 1e6 for s in u.mask_times]
+        res.forced += u.forced_tokens
+        if u.decode_calls:
+            res.decode_step_s.append(u.decode_s / u.decode_calls)
+        res.add(dt, u.completion_tokens, parse_valid(out.text, schema), doc["expected"])
     return res
 
 
 def run_unconstrained(docs: list[dict[str, Any]], model: Any) -> Result:
+    from pocket_agent import Limits
     from pocket_agent.extraction import build_messages
     from pocket_agent.generate import render_prompt, run_generation
 
     res = Result("unconstrained (same runtime, no grammar)")
+    plain = Limits(max_tokens=MAX_TOKENS, repeat_limit=None)  # plain generation: no loop guard
     schema = closed_schema()
     for doc in docs:
         ids = render_prompt(model, build_messages(doc["text"], schema))
         t0 = time.perf_counter()
-        out = run_generation(model, ids, max_tokens=MAX_TOKENS)
+        out = run_generation(model, ids, limits=plain)
         dt = time.perf_counter() - t0
-        res.gen_tokens += out.stats.completion_tokens
-        res.gen_seconds += dt - out.stats.prefill_s
-        res.add(dt, out.stats.completion_tokens, parse_valid(out.text, schema), doc["expected"])
+        res.gen_tokens += out.usage.completion_tokens
+        res.gen_seconds += dt - out.usage.prefill_s
+        res.add(dt, out.usage.completion_tokens, parse_valid(out.text, schema), doc["expected"])
     return res
 
 

@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from extract import FIELDS, MAX_TOKENS, Receipt, closed_schema, field_matches, load_docs, parse_valid
 
+from pocket_agent import Limits
 from pocket_agent.errors import OutputBudgetExceeded
-from pocket_agent.extraction import DEFAULT_MAX_STRING_CHARS, REPEAT_LIMIT, PromptLayout, _prepare, build_messages
+from pocket_agent.extraction import PromptLayout, _prepare, build_messages
 from pocket_agent.generate import render_prompt, run_generation
 from pocket_agent.runtime import load_model
 
@@ -33,7 +34,9 @@ def main() -> int:
     args = ap.parse_args()
     model = load_model(threads=args.threads)
     docs = load_docs(args.docs)
-    grammar = _prepare(Receipt, model, MAX_TOKENS, DEFAULT_MAX_STRING_CHARS).grammar
+    grammar = _prepare(
+        Receipt, model, sampling=None, limits=Limits(max_tokens=MAX_TOKENS), max_tokens=None, retries=0
+    ).grammar
     schema = closed_schema()
     lines = ["| layout | company | date | address | total | mean | s/doc |", "|---|---|---|---|---|---|---|"]
     for layout in get_args(PromptLayout):
@@ -42,9 +45,7 @@ def main() -> int:
         for doc in docs:
             ids = render_prompt(model, build_messages(doc["text"], schema, layout=layout))
             try:
-                text = run_generation(
-                    model, ids, grammar=grammar, max_tokens=MAX_TOKENS, repeat_limit=REPEAT_LIMIT
-                ).text
+                text = run_generation(model, ids, grammar=grammar, limits=Limits(max_tokens=MAX_TOKENS)).text
             except OutputBudgetExceeded:  # a runaway string: every field counts as missed
                 text = ""
             for f, ok in field_matches(parse_valid(text, schema), doc["expected"]).items():

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mask_variants import MASK_VARIANTS
 from pydantic import BaseModel, Field
 
 from pocket_agent.grammars import (
@@ -37,7 +38,6 @@ from pocket_agent.grammars import (
     count_allowed,
     get_tokenizer,
 )
-from pocket_agent.grammars.mask import MASK_VARIANTS
 from pocket_agent.runtime import Model, load_model
 
 OUT = Path(__file__).with_name("mask.md")

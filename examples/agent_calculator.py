@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pocket_agent.tools import Agent, tool
+from pocket_agent import Agent, Limits, tool
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -88,7 +88,7 @@ def main(task: str) -> None:
         tools=TOOLS,
         instructions="Use the calculate tool for any arithmetic, then answer with the result.",
         tool_choice="required",  # the first turn must call the calculator; later turns may answer
-        max_steps=4,
+        limits=Limits(max_steps=4),
     )
     result = agent.run(task)
     for step in result.steps:

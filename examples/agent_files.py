@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pocket_agent.tools import Agent, Tool, tool
+from pocket_agent import Agent, Limits, Tool, tool
 
 NOTES = {
     "meeting.txt": "Team meeting on Monday. We agreed the budget for Q3 is 12,000 EUR.\nAction: Ana books the room.",
@@ -79,8 +79,7 @@ def main(task: str) -> None:
             tools=make_file_tools(root),
             instructions="Answer questions about the user's notes. Search or read the files first.",
             tool_choice="required",
-            max_steps=4,
-            max_result_chars=800,
+            limits=Limits(max_steps=4, max_result_chars=800),
         )
         result = agent.run(task)
         for step in result.steps:

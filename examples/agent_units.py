@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Literal
 
-from pocket_agent.tools import Agent, tool
+from pocket_agent import Agent, Limits, tool
 
 Unit = Literal[
     "m", "km", "cm", "mm", "mile", "yard", "foot", "inch",
@@ -82,7 +82,7 @@ TOOLS = [convert_units]
 
 
 def main(task: str) -> None:
-    agent = Agent(tools=TOOLS, tool_choice="required", max_steps=4)
+    agent = Agent(tools=TOOLS, tool_choice="required", limits=Limits(max_steps=4))
     result = agent.run(task)
     for step in result.steps:
         for call, res in zip(step.tool_calls, step.results, strict=True):

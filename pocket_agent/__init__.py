@@ -4,13 +4,15 @@ Importing this package loads no model, opens no network connection and installs 
 models load on first use.
 """
 
-from .decision import Decision, decide, decide_many, train_head
+from .decision import Decision, decide, decide_many, load_decision_adapter, train_head
 from .errors import (
     AdapterError,
+    AgentError,
     ContextOverflowError,
     ExtractionError,
     GenerationError,
     InvalidInputError,
+    MaxStepsExceeded,
     ModelError,
     ModelLoadError,
     ModelNotFoundError,
@@ -22,15 +24,20 @@ from .errors import (
     UnsupportedSchemaError,
 )
 from .extraction import ExtractOutcome, extract, extract_many, extract_stream
-from .generate import GenerationResult, SamplingParams, generate
+from .generate import GenerationResult, generate
+from .grammars import Choice, Lark, Regex
+from .options import Limits, Sampling
 from .runtime import Model, get_default_model, load_model, set_default_model
-from .tools import Agent, MaxStepsExceeded, RunResult, Step, Tool, ToolCall, tool
+from .tools import Agent, RunResult, Step, Tool, ToolCall, ToolResult, tool
+from .usage import Usage
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdapterError",
     "Agent",
+    "AgentError",
+    "Choice",
     "ContextOverflowError",
     "Decision",
     "ExtractOutcome",
@@ -38,6 +45,8 @@ __all__ = [
     "GenerationError",
     "GenerationResult",
     "InvalidInputError",
+    "Lark",
+    "Limits",
     "MaxStepsExceeded",
     "Model",
     "ModelError",
@@ -45,15 +54,18 @@ __all__ = [
     "ModelNotFoundError",
     "OutputBudgetExceeded",
     "PocketAgentError",
+    "Regex",
     "RunResult",
-    "SamplingParams",
+    "Sampling",
     "SchemaError",
     "Step",
     "Tool",
     "ToolArgumentError",
     "ToolCall",
     "ToolError",
+    "ToolResult",
     "UnsupportedSchemaError",
+    "Usage",
     "__version__",
     "decide",
     "decide_many",
@@ -62,6 +74,7 @@ __all__ = [
     "extract_stream",
     "generate",
     "get_default_model",
+    "load_decision_adapter",
     "load_model",
     "set_default_model",
     "tool",

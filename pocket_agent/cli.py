@@ -48,10 +48,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+_FINISH_WORDS = {
+    "eos": "the model ended its reply",
+    "length": "--max-tokens was reached",
+    "stop": "a stop string was reached",
+    "grammar": "the output was complete",
+}
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import SamplingParams, TokenEvent, render_prompt, run_generation
+    from .generate import TokenEvent, render_prompt, run_generation
+    from .options import Limits, Sampling
     from .runtime import load_model
 
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    limits = Limits(max_tokens=args.max_tokens)
     model = load_model(args.model, threads=args.threads)
     prompt = args.prompt if args.prompt != "-" else sys.stdin.read()
     ids = render_prompt(model, prompt, system=args.system)
@@ -60,22 +71,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(ev.text)
         sys.stdout.flush()
 
-    result = run_generation(
-        model,
-        ids,
-        max_tokens=args.max_tokens,
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
-        on_event=show,
-    )
+    result = run_generation(model, ids, sampling=sampling, limits=limits, on_event=show)
     sys.stdout.write("\n")
-    st = result.stats
+    u = result.usage
+    line = f"[{u.completion_tokens} tokens; stopped: {_FINISH_WORDS.get(result.finish_reason, result.finish_reason)}]"
     if args.verbose:
-        rate = st.completion_tokens / st.decode_s if st.decode_s else 0.0
-        print(
-            f"[{result.finish_reason}] prompt {st.prompt_tokens} tokens in {st.prefill_s:.2f}s, "
-            f"{st.completion_tokens} tokens at {rate:.1f} tok/s",
-            file=sys.stderr,
-        )
+        rate = u.completion_tokens / u.decode_s if u.decode_s else 0.0
+        line += f" prompt {u.prompt_tokens} tokens in {u.prefill_s:.2f}s, {rate:.1f} tok/s"
+    print(line, file=sys.stderr)
     model.close()
     return 0
 
@@ -198,12 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(p_gen, positional=True)
     p_gen.add_argument("prompt", help="the user message ('-' reads stdin)")
     p_gen.add_argument("--system", default=None, help="system message")
-    p_gen.add_argument("--max-tokens", type=int, default=256)
+    p_gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     p_gen.add_argument("--temperature", type=float, default=0.0)
     p_gen.add_argument("--top-p", type=float, default=1.0)
     p_gen.add_argument("--top-k", type=int, default=0)
     p_gen.add_argument("--seed", type=int, default=None)
-    p_gen.add_argument("--verbose", "-v", action="store_true", help="print token counts and speed to stderr")
+    p_gen.add_argument("--verbose", "-v", action="store_true", help="also print prompt size and speed to stderr")
     p_gen.set_defaults(func=cmd_generate)
 
     p_ext = sub.add_parser("extract", help="extract a JSON object matching a schema from a document")
@@ -223,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .decision.cli import add_decide_parser
 
     add_decide_parser(sub)
+
+    from .server.cli import add_serve_parser
+
+    add_serve_parser(sub)
 
     p_conv = sub.add_parser("convert", help="convert a GGUF file or HF folder to an MNN build (extra: convert)")
     from .convert import add_convert_arguments

@@ -1,8 +1,34 @@
-"""Typed errors raised by pocket_agent.
+"""Every error pocket_agent raises on purpose, in one module.
 
-Every error the library raises on purpose derives from :class:`PocketAgentError`, so
-``except PocketAgentError`` catches all of them. Each message says what went wrong and
-what to change.
+``except PocketAgentError`` catches all of them; each message says what went wrong and what
+to change. Every error pickles and unpickles equal (type, message and attributes), so it can
+leave a worker process (multiprocessing, Ray, Dask).
+
+Hierarchy::
+
+    PocketAgentError
+    ├── ModelError                    a model could not be found, read or used
+    │   ├── ModelNotFoundError        (also FileNotFoundError)
+    │   ├── ModelLoadError
+    │   ├── BackendUnavailableError   (also ImportError)
+    │   ├── ModelStateError
+    │   ├── TokenError                (also ValueError)
+    │   ├── ContextOverflowError      .needed, .n_ctx
+    │   ├── BackendError
+    │   └── AdapterError
+    ├── ConversionError
+    ├── SchemaError                   (also ValueError)
+    │   └── UnsupportedSchemaError    .feature, .path
+    ├── GenerationError
+    │   ├── OutputBudgetExceeded      .partial, .tokens
+    │   ├── ConstraintError           .detail
+    │   │   └── TokenRejectedError    .token, .position
+    │   └── ExtractionError           .last_output, .errors
+    ├── ToolError
+    │   └── ToolArgumentError         (also ValueError)
+    ├── AgentError
+    │   └── MaxStepsExceeded          .steps, .messages
+    └── InvalidInputError             (also ValueError)
 """
 
 from __future__ import annotations
@@ -10,8 +36,26 @@ from __future__ import annotations
 from typing import Any
 
 
+def _restore(cls: type[PocketAgentError], args: tuple[Any, ...], state: dict[str, Any]) -> PocketAgentError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
+
 class PocketAgentError(Exception):
     """Base class of every error pocket_agent raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default reduction calls cls(*args), which fails for errors whose constructors
+        # take keyword-only attributes; rebuild from the message and the attributes instead.
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.args == other.args and self.__dict__ == other.__dict__  # type: ignore[union-attr]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.args))
 
 
 # --- models and runtimes -------------------------------------------------------------
@@ -138,12 +182,36 @@ class ToolArgumentError(ToolError, ValueError):
     """Arguments for a tool call do not match the tool's schema."""
 
 
+# --- the agent loop --------------------------------------------------------------------
+
+
+class AgentError(PocketAgentError):
+    """The agent loop could not finish."""
+
+
+class MaxStepsExceeded(AgentError):  # noqa: N818 - reads like OutputBudgetExceeded
+    """The model was still calling tools after ``max_steps`` turns.
+
+    ``steps`` holds every :class:`~pocket_agent.Step` taken (tool calls, results, usage) and
+    ``messages`` the conversation so far, so a caller can inspect it or continue it.
+    """
+
+    def __init__(self, message: str, *, steps: list[Any], messages: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.steps = steps
+        self.messages = messages or []
+
+
+# --- arguments --------------------------------------------------------------------------
+
+
 class InvalidInputError(PocketAgentError, ValueError):
     """An argument given to a public function is invalid (wrong type, empty, ...)."""
 
 
 __all__ = [
     "AdapterError",
+    "AgentError",
     "BackendError",
     "BackendUnavailableError",
     "ConstraintError",
@@ -152,6 +220,7 @@ __all__ = [
     "ExtractionError",
     "GenerationError",
     "InvalidInputError",
+    "MaxStepsExceeded",
     "ModelError",
     "ModelLoadError",
     "ModelNotFoundError",

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, overload
 
 import jsonschema
@@ -24,20 +24,16 @@ from .errors import (
     PocketAgentError,
     SchemaError,
 )
-from .generate import GenerationStats, SamplingParams, render_prompt, run_generation, stream_tokens
+from .generate import render_prompt, stream_tokens
 from .grounding import DEFAULT_GROUNDING, Extraction, Grounding, check_grounding, document_grammar, field_confidence
+from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
 
 T = TypeVar("T", bound=BaseModel)
 Schema = type[BaseModel] | Mapping[str, Any]
-DEFAULT_EXTRACT_MAX_TOKENS = 512
-# Small models sometimes loop inside a free string until the token budget runs out; the
-# grammar closes such a string after this many characters (the value stays schema-valid).
-DEFAULT_MAX_STRING_CHARS = 256
+
 JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How extraction output is laid out: ``json.dumps``'s separators, no other whitespace."""
-# ... or repeats one token (``10.1000000000...``); after this many in a row it is masked once.
-REPEAT_LIMIT = 8
 
 SYSTEM_PROMPT = (
     "You are a precise information extraction engine. Read the document and fill in the JSON fields. "
@@ -157,16 +153,36 @@ class _Prepared:
     schema: Schema
     json_schema: dict[str, Any]
     grammar: Any
-    max_tokens: int
+    sampling: Sampling
+    limits: Limits
+    retries: int
     grammar_schema: dict[str, Any]
+    grounded: Grounding = DEFAULT_GROUNDING
+
+    @property
+    def max_tokens(self) -> int:
+        return self.limits.max_tokens
 
 
 def _prepare(
-    schema: Schema, model: Model | str | None, max_tokens: int | None, max_string_chars: int | None = None
+    schema: Schema,
+    model: Model | str | None,
+    *,
+    sampling: Sampling | None,
+    limits: Limits | None,
+    max_tokens: int | None,
+    retries: int,
+    grounded: Grounding = DEFAULT_GROUNDING,
 ) -> _Prepared:
+    """Check the options and the schema, resolve the model and compile the grammar."""
     from .grammars import close_objects, compile_grammar
     from .grammars.schema import cap_lengths
 
+    smp = resolve_sampling(sampling)
+    lim = resolve_limits(limits, max_tokens=max_tokens)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise InvalidInputError(f"retries must be a non-negative integer, got {retries!r}.")
+    check_grounding(grounded)
     js = _json_schema(schema)
     if isinstance(schema, Mapping):
         try:
@@ -175,23 +191,24 @@ def _prepare(
             raise SchemaError(
                 f"Invalid JSON Schema: {exc.message} (at {'/'.join(map(str, exc.path)) or 'root'})"
             ) from exc
-    if max_string_chars is not None and (isinstance(max_string_chars, bool) or not isinstance(max_string_chars, int)):
-        raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars!r}.")
     m = resolve_model(model)
     grammar_schema = js if isinstance(schema, Mapping) else close_objects(js)
     # JSON laid out as json.dumps writes it (", " and ": "): SmolLM2-135M copies numbers
     # right far more often after '": ' than after '":' (bench/extract.md).
     grammar_schema = {**grammar_schema, "x-guidance": {**JSON_LAYOUT, **dict(grammar_schema.get("x-guidance") or {})}}
-    if max_string_chars is not None:
-        if max_string_chars < 1:
-            raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars}.")
-        grammar_schema = cap_lengths(grammar_schema, max_chars=max_string_chars)
+    if lim.max_string_chars is not None:
+        grammar_schema = cap_lengths(grammar_schema, max_chars=lim.max_string_chars)
     grammar = compile_grammar(grammar_schema, m)
-    limit = DEFAULT_EXTRACT_MAX_TOKENS if max_tokens is None else max_tokens
-    if not isinstance(limit, int) or limit < 1:
-        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
     return _Prepared(
-        model=m, schema=schema, json_schema=js, grammar=grammar, max_tokens=limit, grammar_schema=grammar_schema
+        model=m,
+        schema=schema,
+        json_schema=js,
+        grammar=grammar,
+        sampling=smp,
+        limits=lim,
+        retries=retries,
+        grammar_schema=grammar_schema,
+        grounded=grounded,
     )
 
 
@@ -227,9 +244,9 @@ def _validate(p: _Prepared, raw: str) -> Any:
     return data
 
 
-def _text_grammar(p: _Prepared, text: str, grounded: Grounding) -> Any:
+def _text_grammar(p: _Prepared, text: str, grounded: Grounding | None = None) -> Any:
     """The grammar for one document: grounded in ``text`` when the schema has grounded values."""
-    strings, numbers = check_grounding(grounded)
+    strings, numbers = check_grounding(p.grounded if grounded is None else grounded)
     doc = document_grammar(p.model, p.grammar_schema, text, strings=strings, numbers=numbers)
     return p.grammar if doc is None else doc
 
@@ -242,49 +259,86 @@ def _error_text(exc: Exception) -> str:
     return str(exc)
 
 
+def _retry_messages(messages: list[dict[str, str]], raw: str, exc: Exception) -> list[dict[str, str]]:
+    """The conversation for the next attempt: the failed answer and what was wrong with it."""
+    return [
+        *messages,
+        {"role": "assistant", "content": raw},
+        {
+            "role": "user",
+            "content": f"That answer failed validation: {_error_text(exc)}. "
+            "Read the document again and answer with corrected JSON.",
+        },
+    ]
+
+
+def _attempts(
+    p: _Prepared, text: str, instructions: str | None, examples: Sequence[tuple[str, Any]] | None
+) -> Iterator[str | _Done | _NewAttempt]:
+    """Run the attempts of one extraction, streaming: yields each attempt's output pieces
+    (``str``, a retry announced by ``_NEW_ATTEMPT``) and, when an attempt validates, its
+    value wrapped in ``_Done``; raises
+    :class:`ExtractionError` after the last failed attempt."""
+    messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
+    grammar = _text_grammar(p, text)
+    last_raw: str | None = None
+    last_error: Exception | None = None
+    for attempt in range(p.retries + 1):
+        if attempt:
+            yield _NEW_ATTEMPT
+        ids = _prompt_ids(p, messages, len(text))
+        tokens: list[int] = []
+        for ev in stream_tokens(p.model, ids, grammar=grammar, sampling=p.sampling, limits=p.limits):
+            tokens.extend(ev.tokens)
+            yield ev.text
+        raw = p.model.decode(tokens)
+        last_raw = raw
+        try:
+            yield _Done(_validate(p, raw), raw=raw, prompt=ids, tokens=tokens, grammar=grammar)
+            return
+        except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
+            last_error = exc
+            messages = _retry_messages(messages, raw, exc)
+    raise ExtractionError(
+        f"The output failed validation after {p.retries + 1} attempt(s): "
+        f"{_error_text(last_error) if last_error else ''}",
+        last_output=last_raw,
+        errors=getattr(last_error, "errors", lambda: str(last_error))() if last_error else None,
+    )
+
+
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+    raw: str = ""
+    prompt: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    grammar: Any = None
+
+
+class _NewAttempt:
+    """Marks the start of a retry in :func:`_attempts`' stream."""
+
+
+_NEW_ATTEMPT = _NewAttempt()
+
+
 def _extract_prepared(
     p: _Prepared,
     text: str,
     *,
     instructions: str | None,
     examples: Sequence[tuple[str, Any]] | None,
-    retries: int,
-    sampling: SamplingParams | None,
-    grounded: Grounding = DEFAULT_GROUNDING,
     confidence: bool = False,
 ) -> Any:
-    messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
-    grammar = _text_grammar(p, text, grounded)
-    last_raw: str | None = None
-    last_error: Exception | None = None
-    for _attempt in range(retries + 1):
-        ids = _prompt_ids(p, messages, len(text))
-        result = run_generation(
-            p.model, ids, grammar=grammar, max_tokens=p.max_tokens, sampling=sampling, repeat_limit=REPEAT_LIMIT
-        )
-        last_raw = result.text
-        try:
-            value = _validate(p, result.text)
-            if confidence:
-                scores = field_confidence(p.model, ids, result.tokens, grammar, result.text)
-                return Extraction(value=value, confidence=scores, raw=result.text)
-            return value
-        except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
-            last_error = exc
-            messages = [
-                *messages,
-                {"role": "assistant", "content": result.text},
-                {
-                    "role": "user",
-                    "content": f"That answer failed validation: {_error_text(exc)}. "
-                    "Read the document again and answer with corrected JSON.",
-                },
-            ]
-    raise ExtractionError(
-        f"The output failed validation after {retries + 1} attempt(s): {_error_text(last_error) if last_error else ''}",
-        last_output=last_raw,
-        errors=getattr(last_error, "errors", lambda: str(last_error))() if last_error else None,
-    )
+    with p.model.lock:
+        for item in _attempts(p, text, instructions, examples):
+            if isinstance(item, _Done):
+                if confidence:
+                    scores = field_confidence(p.model, item.prompt, item.tokens, item.grammar, item.raw)
+                    return Extraction(value=item.value, confidence=scores, raw=item.raw)
+                return item.value
+    raise AssertionError("unreachable: _attempts ends with a value or an error")
 
 
 @overload
@@ -295,10 +349,10 @@ def extract(
     model: Model | str | None = ...,
     instructions: str | None = ...,
     examples: Sequence[tuple[str, Any]] | None = ...,
+    sampling: Sampling | None = ...,
+    limits: Limits | None = ...,
     max_tokens: int | None = ...,
     retries: int = ...,
-    sampling: SamplingParams | None = ...,
-    max_string_chars: int | None = ...,
     grounded: Grounding = ...,
     confidence: Literal[False] = ...,
 ) -> T: ...
@@ -312,10 +366,10 @@ def extract(
     model: Model | str | None = ...,
     instructions: str | None = ...,
     examples: Sequence[tuple[str, Any]] | None = ...,
+    sampling: Sampling | None = ...,
+    limits: Limits | None = ...,
     max_tokens: int | None = ...,
     retries: int = ...,
-    sampling: SamplingParams | None = ...,
-    max_string_chars: int | None = ...,
     grounded: Grounding = ...,
     confidence: Literal[True],
 ) -> Extraction[T]: ...
@@ -329,10 +383,10 @@ def extract(
     model: Model | str | None = ...,
     instructions: str | None = ...,
     examples: Sequence[tuple[str, Any]] | None = ...,
+    sampling: Sampling | None = ...,
+    limits: Limits | None = ...,
     max_tokens: int | None = ...,
     retries: int = ...,
-    sampling: SamplingParams | None = ...,
-    max_string_chars: int | None = ...,
     grounded: Grounding = ...,
     confidence: bool = ...,
 ) -> Any: ...
@@ -345,10 +399,10 @@ def extract(
     model: Model | str | None = None,
     instructions: str | None = None,
     examples: Sequence[tuple[str, Any]] | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
     max_tokens: int | None = None,
     retries: int = 1,
-    sampling: SamplingParams | None = None,
-    max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
     grounded: Grounding = DEFAULT_GROUNDING,
     confidence: bool = False,
 ) -> Any:
@@ -361,14 +415,15 @@ def extract(
         model: a loaded model or path; default: the process-wide default model.
         instructions: extra guidance placed before the field list.
         examples: ``(document, expected_output)`` pairs shown to the model first.
-        max_tokens: output budget (default 512); running out raises
-            :class:`~pocket_agent.errors.OutputBudgetExceeded` with the partial text.
+        sampling: how tokens are chosen (default greedy).
+        limits: ``max_tokens`` (running out raises
+            :class:`~pocket_agent.errors.OutputBudgetExceeded` with the partial text),
+            ``max_string_chars`` (free strings are closed after this many characters, so a
+            model looping inside a string still finishes with a valid object) and the loop
+            guard ``repeat_limit``; see :class:`~pocket_agent.Limits`.
+        max_tokens: shortcut for ``limits.max_tokens``.
         retries: extra attempts when a Pydantic validator the grammar cannot express
             fails; afterwards :class:`~pocket_agent.errors.ExtractionError`.
-        sampling: sampling parameters (default greedy).
-        max_string_chars: free strings (no enum, pattern, format or smaller maxLength)
-            are closed after this many characters, so a model looping inside a string
-            still finishes with a valid object; ``None`` lifts the cap.
         grounded: which values must be copied verbatim from ``text`` (see
             :mod:`pocket_agent.grounding`): ``True`` (default) grounds plain string fields
             (no enum, const, pattern or format; a field opts out with
@@ -379,20 +434,10 @@ def extract(
             the model chose for it (one extra evaluation of the output, no generation).
     """
     _check_text(text)
-    if not isinstance(retries, int) or retries < 0:
-        raise InvalidInputError(f"retries must be a non-negative integer, got {retries!r}.")
-    check_grounding(grounded)
-    p = _prepare(schema, model, max_tokens, max_string_chars)
-    return _extract_prepared(
-        p,
-        text,
-        instructions=instructions,
-        examples=examples,
-        retries=retries,
-        sampling=sampling,
-        grounded=grounded,
-        confidence=bool(confidence),
+    p = _prepare(
+        schema, model, sampling=sampling, limits=limits, max_tokens=max_tokens, retries=retries, grounded=grounded
     )
+    return _extract_prepared(p, text, instructions=instructions, examples=examples, confidence=bool(confidence))
 
 
 # -- many documents --------------------------------------------------------------------------
@@ -446,10 +491,11 @@ def extract_many(
     model: Model | str | None = None,
     instructions: str | None = None,
     examples: Sequence[tuple[str, Any]] | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
     max_tokens: int | None = None,
     retries: int = 1,
     progress: bool | None = None,
-    max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
     grounded: Grounding = DEFAULT_GROUNDING,
 ) -> Iterator[ExtractOutcome[Any]]:
     """Extract from many documents, yielding one :class:`ExtractOutcome` per document in order.
@@ -459,11 +505,12 @@ def extract_many(
     too long, output budget exhausted, validation failure) is reported on its outcome and
     the run goes on. An exception instance among ``texts`` (how a reader flags an
     unreadable record) is reported as that item's error. ``progress`` shows a progress
-    bar on stderr (default: when stderr is a terminal). ``max_string_chars`` and
-    ``grounded`` as in :func:`extract`.
+    bar on stderr (default: when stderr is a terminal). The other options are those of
+    :func:`extract`; each document holds the model's lock while it is extracted.
     """
-    check_grounding(grounded)
-    p = _prepare(schema, model, max_tokens, max_string_chars)
+    p = _prepare(
+        schema, model, sampling=sampling, limits=limits, max_tokens=max_tokens, retries=retries, grounded=grounded
+    )
     show = sys.stderr.isatty() if progress is None else progress
     total = len(texts) if isinstance(texts, Sequence) else None
     bar = _Progress(total, show)
@@ -474,15 +521,7 @@ def extract_many(
                 if isinstance(text, PocketAgentError):
                     raise text
                 _check_text(text)
-                value = _extract_prepared(
-                    p,
-                    text,
-                    instructions=instructions,
-                    examples=examples,
-                    retries=retries,
-                    sampling=None,
-                    grounded=grounded,
-                )
+                value = _extract_prepared(p, text, instructions=instructions, examples=examples)
                 outcome: ExtractOutcome[Any] = ExtractOutcome(index=i, value=value)
             except PocketAgentError as exc:
                 outcome = ExtractOutcome(index=i, error=exc)
@@ -546,35 +585,37 @@ def extract_stream(
     model: Model | str | None = None,
     instructions: str | None = None,
     examples: Sequence[tuple[str, Any]] | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
     max_tokens: int | None = None,
-    max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
+    retries: int = 1,
     grounded: Grounding = DEFAULT_GROUNDING,
 ) -> Iterator[Any]:
     """Yield partial results as fields complete, then the validated object.
 
     Each partial result is a dict of the top-level fields completed so far (a new dict
     each time a field completes). The last item is the same value :func:`extract`
-    returns. A failed validation raises :class:`ExtractionError` (no retry in streaming).
+    returns. When a validator fails and ``retries`` remain, the next attempt starts over
+    and its partial results follow; after the last failed attempt
+    :class:`ExtractionError` is raised. The options are those of :func:`extract`; the
+    model's lock is held until the stream ends or is closed.
     """
     _check_text(text)
-    check_grounding(grounded)
-    p = _prepare(schema, model, max_tokens, max_string_chars)
-    grammar = _text_grammar(p, text, grounded)
-    messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
-    ids = _prompt_ids(p, messages, len(text))
-    stats = GenerationStats()
-    buf: list[str] = []
-    seen = 0
-    for ev in stream_tokens(
-        p.model, ids, grammar=grammar, max_tokens=p.max_tokens, stats=stats, repeat_limit=REPEAT_LIMIT
-    ):
-        buf.append(ev.text)
-        fields = complete_fields("".join(buf))
-        if len(fields) > seen:
-            seen = len(fields)
-            yield fields
-    raw = "".join(buf)
-    try:
-        yield _validate(p, raw)
-    except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
-        raise ExtractionError(f"The output failed validation: {_error_text(exc)}", last_output=raw) from exc
+    p = _prepare(
+        schema, model, sampling=sampling, limits=limits, max_tokens=max_tokens, retries=retries, grounded=grounded
+    )
+    with p.model.lock:
+        buf: list[str] = []
+        seen = 0
+        for item in _attempts(p, text, instructions, examples):
+            if isinstance(item, _Done):
+                yield item.value
+                return
+            if isinstance(item, _NewAttempt):
+                buf, seen = [], 0
+                continue
+            buf.append(item)
+            fields = complete_fields("".join(buf))
+            if len(fields) > seen:
+                seen = len(fields)
+                yield fields

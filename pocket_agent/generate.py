@@ -10,70 +10,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .errors import GenerationError, InvalidInputError, OutputBudgetExceeded
+from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
+from .runtime.prompt import encode_chat
+from .usage import Usage
 
 if TYPE_CHECKING:
     from .grammars import CompiledGrammar
+    from .grammars.matcher import GrammarMatcher
 
 FinishReason = Literal["grammar", "eos", "stop", "length"]
-DEFAULT_MAX_TOKENS = 512
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen. ``temperature=0`` is greedy (the default)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise InvalidInputError(f"temperature must be >= 0, got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < 0:
-            raise InvalidInputError(f"top_k must be >= 0, got {self.top_k}.")
-
-
-@dataclass
-class GenerationStats:
-    """Where the time went in one generation."""
-
-    prompt_tokens: int = 0
-    prompt_tokens_evaluated: int = 0
-    completion_tokens: int = 0
-    forced_tokens: int = 0
-    decode_calls: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    mask_s: list[float] = field(default_factory=list)
-
-    @property
-    def total_s(self) -> float:
-        return self.prefill_s + self.decode_s
-
-    @property
-    def forced_share(self) -> float:
-        return self.forced_tokens / self.completion_tokens if self.completion_tokens else 0.0
 
 
 @dataclass
 class GenerationResult:
-    """Text and tokens a generation produced, why it stopped, and its statistics."""
+    """Text and tokens a generation produced, why it stopped, and what it cost."""
 
     text: str
     tokens: list[int]
     finish_reason: FinishReason
-    stats: GenerationStats
+    usage: Usage
 
 
 @dataclass(frozen=True)
@@ -86,7 +49,7 @@ class TokenEvent:
 
 
 class _Sampler:
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: Sampling) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
@@ -111,127 +74,171 @@ class _Sampler:
         return int(finite[self.rng.choice(len(finite), p=probs)])
 
 
+class _RepeatGuard:
+    """The loop guard: bans the token that would continue a loop at the end of the output.
+
+    Under a grammar a ban lasts until the grammar next forces tokens (the next key), so a
+    model stuck in ``0000`` inside a value moves on to what the grammar allows next; in free
+    text it lasts one step.
+    """
+
+    def __init__(self, repeat_limit: int | None, *, sticky: bool) -> None:
+        self.repeat_limit = repeat_limit
+        self.sticky = sticky
+        self.banned: set[int] = set()
+
+    def clear(self) -> None:
+        self.banned.clear()
+
+    def apply(self, logits: NDArray[np.float32], produced: Sequence[int]) -> NDArray[np.float32]:
+        if not self.repeat_limit:
+            return logits
+        if not self.sticky:
+            self.banned.clear()
+        loop_next = _looping_token(produced, self.repeat_limit)
+        if loop_next is not None:
+            self.banned.add(loop_next)
+        if not self.banned:
+            return logits
+        banned = logits.copy()
+        banned[list(self.banned)] = -np.inf
+        # Never ban the output into a dead end.
+        return banned if np.isfinite(banned).any() else logits
+
+
+class _Run:
+    """The state of one generation: what was produced, its text, and its usage."""
+
+    def __init__(self, model: Model, matcher: GrammarMatcher | None, limit: int, usage: Usage) -> None:
+        self.model = model
+        self.matcher = matcher
+        self.limit = limit
+        self.usage = usage
+        self.decoder = model.stream_decoder()
+        self.produced: list[int] = []
+        self.text_parts: list[str] = []
+
+    def prefill(self, prompt: list[int]) -> NDArray[np.float32]:
+        before = self.model.stats.tokens_evaluated
+        t0 = time.perf_counter()
+        logits: NDArray[np.float32] = self.model.prefill(prompt).logits[-1]
+        self.usage.prefill_s += time.perf_counter() - t0
+        self.usage.prompt_tokens += len(prompt)
+        self.usage.prompt_tokens_evaluated += self.model.stats.tokens_evaluated - before
+        return logits
+
+    def evaluate(self, tokens: list[int]) -> NDArray[np.float32]:
+        t0 = time.perf_counter()
+        logits: NDArray[np.float32] = self.model.eval(tokens).logits[-1]
+        self.usage.decode_s += time.perf_counter() - t0
+        self.usage.decode_calls += 1
+        return logits
+
+    def accept(self, tokens: list[int], *, forced: bool) -> TokenEvent:
+        """Record output tokens; the event carries the text they completed."""
+        if self.matcher is not None:
+            if forced:
+                self.matcher.consume_many(tokens)
+            else:
+                self.matcher.consume(tokens[0])
+        self.produced.extend(tokens)
+        self.usage.completion_tokens += len(tokens)
+        if forced:
+            self.usage.forced_tokens += len(tokens)
+        piece = "".join(self.decoder.feed(t) for t in tokens)
+        self.text_parts.append(piece)
+        return TokenEvent(tokens=list(tokens), text=piece, forced=forced)
+
+    def masked(self, logits: NDArray[np.float32]) -> NDArray[np.float32]:
+        """Logits with what the grammar disallows set to -inf."""
+        assert self.matcher is not None
+        t0 = time.perf_counter()
+        out = grammar_apply_mask(logits, self.matcher.compute_mask())
+        dt = time.perf_counter() - t0
+        self.usage.mask_s += dt
+        self.usage.mask_times.append(dt)
+        if not np.isfinite(out).any():
+            raise GenerationError(f"The grammar allows no token here: {self.matcher.error() or 'dead end'}.")
+        return out
+
+    def over_budget(self) -> OutputBudgetExceeded:
+        return OutputBudgetExceeded(
+            f"max_tokens={self.limit} ran out before the output was complete; raise max_tokens or simplify the "
+            f"schema. The partial output is on .partial.",
+            partial="".join(self.text_parts) + self.decoder.flush(),
+            tokens=len(self.produced),
+        )
+
+    def hit_stop(self, stop: Sequence[str], piece: str) -> bool:
+        if not stop:
+            return False
+        text = "".join(self.text_parts)
+        return any(s in text[-(len(s) + len(piece)) :] for s in stop)
+
+
 def stream_tokens(
     model: Model,
     prompt_tokens: Sequence[int],
     *,
     grammar: CompiledGrammar | None = None,
-    max_tokens: int | None = None,
-    sampling: SamplingParams | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
     stop: Sequence[str] | None = None,
-    stats: GenerationStats | None = None,
-    repeat_limit: int | None = None,
+    usage: Usage | None = None,
 ) -> Generator[TokenEvent, None, FinishReason]:
     """Generate after ``prompt_tokens``, yielding each step as it happens.
 
     With ``grammar`` every sampled token is allowed by the grammar; tokens the grammar
     forces are evaluated as one batch and yielded with ``forced=True``. The generator's
     return value (``StopIteration.value``) is the finish reason. Running out of
-    ``max_tokens`` before a grammar is complete raises :class:`OutputBudgetExceeded`.
-    ``repeat_limit`` (constrained runs only): when the output ends in a loop (one token
-    ``repeat_limit`` times in a row, or a cycle of up to 16 tokens repeated 3 times), the
-    token that would continue the loop is banned until the grammar next forces tokens (the
-    next key), so a small model stuck emitting ``0000`` or ``_11_11_11`` inside a value
-    moves on to what the grammar allows next.
+    ``limits.max_tokens`` before a grammar is complete raises :class:`OutputBudgetExceeded`.
+    ``limits.repeat_limit`` is the loop guard (see :class:`~pocket_agent.Limits`). The model
+    is held (its lock) from the first step until the generator finishes or is closed.
     """
-    limit = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    if not isinstance(limit, int) or limit < 1:
-        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
-    sampler = _Sampler(sampling or SamplingParams())
-    st = stats if stats is not None else GenerationStats()
-    eos = set(model.vocab.eos_ids)
+    lim = resolve_limits(limits)
+    sampler = _Sampler(resolve_sampling(sampling))
     matcher = grammar.matcher() if grammar is not None else None
-    decoder = model.stream_decoder()
-    produced: list[int] = []
-    text_parts: list[str] = []
+    run = _Run(model, matcher, lim.max_tokens, usage if usage is not None else Usage())
+    guard = _RepeatGuard(lim.repeat_limit, sticky=matcher is not None)
+    eos = set(model.vocab.eos_ids)
     stop_list = [s for s in (stop or []) if s]
-    banned: set[int] = set()
-
-    prompt = list(prompt_tokens)
-    st.prompt_tokens = len(prompt)
-    before = model.stats.tokens_evaluated
-    t0 = time.perf_counter()
-    logits = model.prefill(prompt).logits[-1]
-    st.prefill_s += time.perf_counter() - t0
-    st.prompt_tokens_evaluated = model.stats.tokens_evaluated - before
-
-    def partial() -> str:
-        return "".join(text_parts) + decoder.flush()
-
-    def over_budget() -> OutputBudgetExceeded:
-        return OutputBudgetExceeded(
-            f"max_tokens={limit} ran out before the output was complete; raise max_tokens or simplify the "
-            f"schema. The partial output is on .partial.",
-            partial=partial(),
-            tokens=len(produced),
-        )
-
-    while True:
-        if matcher is not None:
-            if matcher.is_stopped():
-                return "grammar"
-            forced = matcher.forced_tokens()
-            if forced:
-                banned.clear()
-                if len(produced) + len(forced) > limit:
-                    raise over_budget()
-                matcher.consume_many(forced)
-                produced.extend(forced)
-                st.completion_tokens += len(forced)
-                st.forced_tokens += len(forced)
-                piece = "".join(decoder.feed(t) for t in forced)
-                text_parts.append(piece)
-                yield TokenEvent(tokens=list(forced), text=piece, forced=True)
+    with model.lock:
+        run.usage.requests += 1
+        logits = run.prefill(list(prompt_tokens))
+        while True:
+            if matcher is not None:
                 if matcher.is_stopped():
                     return "grammar"
-                t0 = time.perf_counter()
-                logits = model.eval(forced).logits[-1]
-                st.decode_s += time.perf_counter() - t0
-                st.decode_calls += 1
-                continue
-            t0 = time.perf_counter()
-            mask = matcher.compute_mask()
-            logits = grammar_apply_mask(logits, mask)
-            st.mask_s.append(time.perf_counter() - t0)
-            if not np.isfinite(logits).any():
-                raise GenerationError(f"The grammar allows no token here: {matcher.error() or 'dead end'}.")
-            if repeat_limit:
-                loop_next = _looping_token(produced, repeat_limit)
-                if loop_next is not None:
-                    banned.add(loop_next)
-            if banned:
-                keep = logits.copy()
-                logits[list(banned)] = -np.inf
-                if not np.isfinite(logits).any():  # never ban the grammar into a dead end
-                    logits = keep
-        if len(produced) >= limit:
-            if matcher is not None:
-                raise over_budget()
-            return "length"
-        tok = sampler(logits)
-        if tok in eos:
-            if matcher is not None:
+                forced = matcher.forced_tokens()
+                if forced:
+                    guard.clear()
+                    if len(run.produced) + len(forced) > run.limit:
+                        raise run.over_budget()
+                    yield run.accept(forced, forced=True)
+                    if matcher.is_stopped():
+                        return "grammar"
+                    logits = run.evaluate(forced)
+                    continue
+                logits = run.masked(logits)
+            logits = guard.apply(logits, run.produced)
+            if len(run.produced) >= run.limit:
+                if matcher is not None:
+                    raise run.over_budget()
+                return "length"
+            tok = sampler(logits)
+            if tok in eos:
+                if matcher is None:
+                    return "eos"
                 if not matcher.is_accepting():
                     raise GenerationError("The model ended the output before the grammar was complete.")
                 return "grammar"
-            return "eos"
-        if matcher is not None:
-            matcher.consume(tok)
-        produced.append(tok)
-        st.completion_tokens += 1
-        piece = decoder.feed(tok)
-        text_parts.append(piece)
-        yield TokenEvent(tokens=[tok], text=piece, forced=False)
-        if stop_list:
-            text = "".join(text_parts)
-            if any(s in text[-(len(s) + len(piece)) :] for s in stop_list):
+            event = run.accept([tok], forced=False)
+            yield event
+            if run.hit_stop(stop_list, event.text):
                 return "stop"
-        if matcher is not None and matcher.is_stopped():
-            return "grammar"
-        t0 = time.perf_counter()
-        logits = model.eval([tok]).logits[-1]
-        st.decode_s += time.perf_counter() - t0
-        st.decode_calls += 1
+            if matcher is not None and matcher.is_stopped():
+                return "grammar"
+            logits = run.evaluate([tok])
 
 
 MAX_LOOP_PERIOD = 16
@@ -262,25 +269,15 @@ def run_generation(
     prompt_tokens: Sequence[int],
     *,
     grammar: CompiledGrammar | None = None,
-    max_tokens: int | None = None,
-    sampling: SamplingParams | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
     stop: Sequence[str] | None = None,
     on_event: Callable[[TokenEvent], None] | None = None,
-    repeat_limit: int | None = None,
 ) -> GenerationResult:
     """Run :func:`stream_tokens` to the end and collect the result."""
-    stats = GenerationStats()
+    usage = Usage()
     tokens: list[int] = []
-    gen = stream_tokens(
-        model,
-        prompt_tokens,
-        grammar=grammar,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        stop=stop,
-        stats=stats,
-        repeat_limit=repeat_limit,
-    )
+    gen = stream_tokens(model, prompt_tokens, grammar=grammar, sampling=sampling, limits=limits, stop=stop, usage=usage)
     reason: FinishReason
     while True:
         try:
@@ -296,33 +293,40 @@ def run_generation(
         cut = min((text.find(s) for s in stop if s and s in text), default=-1)
         if cut >= 0:
             text = text[:cut]
-    return GenerationResult(text=text, tokens=tokens, finish_reason=reason, stats=stats)
+    return GenerationResult(text=text, tokens=tokens, finish_reason=reason, usage=usage)
 
 
 Messages = Sequence[Mapping[str, Any]]
 
 
 def render_prompt(model: Model, prompt_or_messages: str | Messages, *, system: str | None = None) -> list[int]:
-    """Token ids of a chat prompt: a string is one user message; a list is the messages."""
+    """Token ids of a chat prompt: a string is one user message; a list is the messages.
+
+    Control tokens come only from the chat template: every message's content is tokenized
+    as plain text.
+    """
     if isinstance(prompt_or_messages, str):
         if not prompt_or_messages.strip():
             raise InvalidInputError("The prompt is empty; give the text to respond to.")
         messages: list[Mapping[str, Any]] = [{"role": "user", "content": prompt_or_messages}]
     elif isinstance(prompt_or_messages, Sequence) and not isinstance(prompt_or_messages, bytes):
-        messages = [m for m in prompt_or_messages if not isinstance(m, str)]
+        messages = [m for m in prompt_or_messages if isinstance(m, Mapping)]
         if len(messages) != len(prompt_or_messages):
-            raise InvalidInputError("messages must be dicts with 'role' and 'content', not strings.")
+            raise InvalidInputError("messages must be dicts with 'role' and 'content'.")
+        for i, m in enumerate(messages):
+            content = m.get("content")
+            if content is not None and not isinstance(content, str):
+                raise InvalidInputError(f"messages[{i}]['content'] must be a string, got {type(content).__name__}.")
     else:
         raise InvalidInputError(
             f"prompt must be a string or a list of messages, got {type(prompt_or_messages).__name__}."
         )
-    if system is not None and not (messages and messages[0].get("role") == "system"):
-        messages = [{"role": "system", "content": system}, *messages]
-    text = model.chat_template.render(messages, add_generation_prompt=True)
-    ids = model.tokenize(text, special=True)
-    if model.vocab.add_bos and model.vocab.bos_id is not None and (not ids or ids[0] != model.vocab.bos_id):
-        ids = [model.vocab.bos_id, *ids]
-    return ids
+    if system is not None:
+        if not isinstance(system, str):
+            raise InvalidInputError(f"system must be a string, got {type(system).__name__}.")
+        if not (messages and messages[0].get("role") == "system"):
+            messages = [{"role": "system", "content": system}, *messages]
+    return encode_chat(model, messages, add_generation_prompt=True)
 
 
 def generate(
@@ -331,31 +335,35 @@ def generate(
     output_type: Any = None,
     model: Model | str | None = None,
     system: str | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
     max_tokens: int | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    seed: int | None = None,
     stop: Sequence[str] | None = None,
 ) -> GenerationResult:
     """Generate a reply through the model's chat template.
 
-    ``output_type`` constrains the reply: ``None`` for free text, or anything
-    :func:`pocket_agent.grammars.compile_grammar` takes (Pydantic model, JSON Schema dict,
-    ``Regex``, ``Choice``, ``Lark``).
+    Args:
+        prompt_or_messages: a user message, or a list of ``{"role", "content"}`` messages.
+        output_type: ``None`` for free text, or anything
+            :func:`pocket_agent.grammars.compile_grammar` takes (Pydantic model, JSON Schema
+            dict, ``Regex``, ``Choice``, ``Lark``).
+        model: a loaded model or path; default: the process-wide default model.
+        system: a system message put first (unless the messages start with one).
+        sampling: how tokens are chosen (default greedy).
+        limits: ``max_tokens`` and the loop guard (``repeat_limit``) apply.
+        max_tokens: shortcut for ``limits.max_tokens``.
+        stop: strings that end free text (not included in the result).
     """
+    lim = resolve_limits(limits, max_tokens=max_tokens)
+    smp = resolve_sampling(sampling)
+    if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) for s in stop)):
+        raise InvalidInputError("stop must be a list of strings.")
     m = resolve_model(model)
     grammar = None
     if output_type is not None:
         from .grammars import compile_grammar
 
         grammar = compile_grammar(output_type, m)
-    ids = render_prompt(m, prompt_or_messages, system=system)
-    return run_generation(
-        m,
-        ids,
-        grammar=grammar,
-        max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
-        stop=stop,
-    )
+    with m.lock:
+        ids = render_prompt(m, prompt_or_messages, system=system)
+        return run_generation(m, ids, grammar=grammar, sampling=smp, limits=lim, stop=stop)

@@ -4,7 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-source "$ROOT/scripts/setup_env.sh" "dev,convert"
+source "$ROOT/scripts/setup_env.sh" "dev,convert,server"
 PY="$ROOT/.venv/bin/python"
 # SmolLM2 converted to MNN, built once per machine into ~/.cache/pocket_agent (about a minute).
 "$PY" scripts/build_fixtures.py --skip-tiny --smollm2

@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
+from pocket_agent import Limits
 from pocket_agent.errors import OutputBudgetExceeded
 from pocket_agent.runtime import Model, chatml_template
 from pocket_agent.tools import (
@@ -32,7 +33,8 @@ from pocket_agent.tools import (
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Short turns keep the suite fast; strings are capped so a looping model cannot fill a turn.
-FAST: dict[str, Any] = {"max_tokens": 128, "max_string_chars": 48}
+FAST_LIMITS = Limits(max_tokens=128, max_string_chars=48)
+FAST: dict[str, Any] = {"limits": FAST_LIMITS}
 
 
 def _load_example(name: str) -> ModuleType:
@@ -69,7 +71,7 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
     assert calc.safe_eval("2 ** 10 + sqrt(16) * (3 - 1)") == 1032.0
     with pytest.raises(ValueError, match="unsupported"):
         calc.safe_eval("__import__('os').system('echo hi')")
-    agent = Agent(calc.TOOLS, model=smollm, tool_choice="required", max_steps=3, **FAST)
+    agent = Agent(calc.TOOLS, model=smollm, tool_choice="required", limits=FAST_LIMITS.replace(max_steps=3))
     events: list[AgentEvent] = []
     result, steps = _run(agent, "What is 12 * 7?", on_event=events.append)
     assert steps and steps[0].tool_calls, "tool_choice='required' makes the first turn call a tool"
@@ -79,8 +81,9 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
     ok = [r for r in first.results if r.ok]
     for r in ok:
         assert r.content == json.dumps(calc.safe_eval(r.call.arguments["expression"]))
-    assert first.prompt_tokens > 0 and first.completion_tokens > 0 and first.forced_tokens > 0
-    assert first.generation_s > 0
+    u = first.usage
+    assert u.prompt_tokens > 0 and u.completion_tokens > 0 and u.forced_tokens > 0
+    assert u.generation_s > 0 and u.requests == 1
     kinds = [e.kind for e in events if e.kind != "text"]
     assert kinds[0] == "step" and kinds[1] == "tool_call" and kinds[2] == "tool_result"
     assert "".join(e.text for e in events if e.kind == "text" and e.step_index == 0).startswith(
@@ -89,74 +92,12 @@ def test_calculator_example_runs_end_to_end(smollm: Model) -> None:
     if result is not None:
         assert kinds[-1] == "final" and events[-1].run is result
         assert isinstance(result.final, str)
-        assert result.usage.steps == len(steps)
+        assert result.usage.requests == len(steps)
+        assert result.usage.completion_tokens == sum(s.usage.completion_tokens for s in steps)
         assert result.usage.tool_calls == sum(len(s.tool_calls) for s in steps)
         assert result.messages[-1]["role"] == "assistant"
         tool_msgs = [m for m in result.messages if m["role"] == "tool"]
         assert len(tool_msgs) == result.usage.tool_calls
-
-
-def test_raising_tool_becomes_error_observation(smollm: Model) -> None:
-    @tool
-    def fetch_page(url: str) -> str:
-        """Download a web page."""
-        raise ConnectionError(f"cannot reach {url}")
-
-    agent = Agent([fetch_page], model=smollm, tool_choice="required", max_steps=2, **FAST)
-    _, steps = _run(agent, "Fetch https://example.com please.")
-    _assert_well_formed(steps, agent)
-    res = steps[0].results[0]
-    assert res.status == "error"
-    assert res.content.startswith("Error: ConnectionError: cannot reach")
-    assert len(steps) == 2  # the loop went on to a second turn that saw the error
-
-
-def test_max_steps_error_carries_steps(smollm: Model) -> None:
-    calls: list[str] = []
-
-    @tool
-    def lookup(word: str) -> str:
-        """Look a word up in the dictionary."""
-        calls.append(word)
-        return f"{word}: a word"
-
-    agent = Agent([lookup], model=smollm, tool_choice="required", max_steps=1, **FAST)
-    with pytest.raises(MaxStepsExceeded) as info:
-        agent.run("Define the word 'pocket'.")
-    exc = info.value
-    assert len(exc.steps) == 1
-    assert exc.steps[0].tool_calls and exc.steps[0].results
-    assert calls  # the call ran before the budget of steps ended
-    assert [m["role"] for m in exc.messages][-1] == "tool"
-
-
-def test_confirmation_callback_can_deny(smollm: Model) -> None:
-    ran: list[int] = []
-    asked: list[ToolCall] = []
-
-    @tool(confirm=True)
-    def delete_file(path: str) -> str:
-        """Delete a file."""
-        ran.append(1)
-        return "deleted"
-
-    def deny(call: ToolCall) -> bool:
-        asked.append(call)
-        return False
-
-    agent = Agent([delete_file], model=smollm, tool_choice="delete_file", max_steps=1, confirm=deny, **FAST)
-    _, steps = _run(agent, "Delete notes.txt")
-    assert asked and asked[0].name == "delete_file"
-    res = steps[0].results[0]
-    assert res.status == "denied" and "denied" in res.content
-    assert not ran
-    # without any callback a confirm=True tool never runs
-    nobody = Agent([delete_file], model=smollm)
-    res2 = nobody.execute(ToolCall("delete_file", {"path": "a.txt"}))
-    assert res2.status == "denied" and "no confirmation callback" in res2.content
-    approved = Agent([delete_file], model=smollm, confirm=lambda c: True)
-    assert approved.execute(ToolCall("delete_file", {"path": "a.txt"})).output == "deleted"
-    assert ran == [1]
 
 
 def test_budget_too_small_for_a_call_raises(smollm: Model) -> None:
@@ -171,24 +112,6 @@ def test_budget_too_small_for_a_call_raises(smollm: Model) -> None:
     assert step.is_final and step.finish_reason == "length" and step.final
 
 
-def test_step_executes_nothing(smollm: Model) -> None:
-    ran: list[int] = []
-
-    @tool
-    def send_email(to: str, body: str) -> str:
-        """Send an email."""
-        ran.append(1)
-        return "sent"
-
-    agent = Agent([send_email], model=smollm, tool_choice="required", **FAST)
-    step = agent.step("Email bob@example.com that the build is green.")
-    assert step.tool_calls and not step.results and not ran
-    _assert_well_formed([step], agent)
-    # the caller decides, then executes through the agent's rules
-    res = agent.execute(step.tool_calls[0])
-    assert res.ok and ran == [1]
-
-
 def test_execute_rules_unknown_tool_truncation_timeout(smollm: Model) -> None:
     @tool
     def big(n: int) -> str:
@@ -201,7 +124,7 @@ def test_execute_rules_unknown_tool_truncation_timeout(smollm: Model) -> None:
         time.sleep(seconds)
         return "done"
 
-    agent = Agent([big, slow], model=smollm, max_result_chars=100, tool_timeout=0.3)
+    agent = Agent([big, slow], model=smollm, limits=Limits(max_result_chars=100, tool_timeout=0.3))
     r = agent.execute(ToolCall("big", {"n": 5000}))
     assert r.ok and r.truncated
     assert r.content.startswith("x" * 100) and "truncated: showing 100 of 5000 characters" in r.content

@@ -15,6 +15,7 @@ from pocket_agent.decision import (
     Decision,
     DecisionAdapter,
     FeatureSpec,
+    HeadTraining,
     decide,
     decide_many,
     find_shipped_head,
@@ -380,7 +381,7 @@ def _sst2(n_train: int, n_test: int) -> tuple[list[dict[str, object]], list[dict
 
 def test_training_beats_chance_on_sst2(clean: Model, tmp_path: Path) -> None:
     train, test = _sst2(64, 40)
-    res = train_head(train, clean, rotations=0, compare=(), val_fraction=0.15, seed=0)
+    res = train_head(train, clean, training=HeadTraining(rotations=0, compare=(), val_fraction=0.15, seed=0))
     assert res.n_train + res.n_val == 64
     assert 0.0 <= res.val_accuracy <= 1.0
     path = res.adapter.save(tmp_path / "sst2.zip")

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 from pydantic import BaseModel, Field, model_validator
 
-from pocket_agent import extract, extract_many, extract_stream, generate
+from pocket_agent import Limits, Sampling, extract, extract_many, extract_stream, generate
 from pocket_agent.errors import (
     ContextOverflowError,
     ExtractionError,
@@ -81,10 +81,10 @@ def test_free_strings_are_capped(smollm: Model) -> None:
     class Note(BaseModel):
         text: str = Field(description="the whole document copied verbatim, then repeated")
 
-    note = extract(RECEIPT * 3, Note, model=smollm, max_string_chars=20, max_tokens=200)
+    note = extract(RECEIPT * 3, Note, model=smollm, limits=Limits(max_string_chars=20, max_tokens=200))
     assert len(note.text) <= 20
     with pytest.raises(InvalidInputError):
-        extract(RECEIPT, Note, model=smollm, max_string_chars=0)
+        extract(RECEIPT, Note, model=smollm, limits=Limits(max_string_chars=0))
 
 
 def test_output_budget_exhausted_carries_partial(smollm: Model) -> None:
@@ -159,14 +159,14 @@ def test_generate_regex_choice_and_free_text(smollm: Model) -> None:
     c = generate("Is the sky blue?", output_type=Choice(["yes", "no"]), model=smollm)
     assert c.text in ("yes", "no")
     free = generate("Say hi.", model=smollm, max_tokens=8)
-    assert free.finish_reason in ("eos", "length") and free.stats.completion_tokens <= 8
+    assert free.finish_reason in ("eos", "length") and free.usage.completion_tokens <= 8
 
 
 def test_forced_tokens_are_fast_forwarded(smollm: Model) -> None:
     grammar = compile_grammar(Receipt, smollm)
     ids = render_prompt(smollm, [{"role": "user", "content": RECEIPT}])
     res = run_generation(smollm, ids, grammar=grammar)
-    st = res.stats
+    st = res.usage
     assert st.forced_tokens > 0
     # forced tokens go to the model in one evaluation per run, not one decode each
     assert st.decode_calls < st.completion_tokens
@@ -174,11 +174,12 @@ def test_forced_tokens_are_fast_forwarded(smollm: Model) -> None:
 
 
 def test_sampling_is_seeded(smollm: Model) -> None:
-    a = generate("Write a word.", model=smollm, temperature=1.0, top_p=0.9, top_k=40, seed=7, max_tokens=8)
-    b = generate("Write a word.", model=smollm, temperature=1.0, top_p=0.9, top_k=40, seed=7, max_tokens=8)
+    sampling = Sampling(temperature=1.0, top_p=0.9, top_k=40, seed=7)
+    a = generate("Write a word.", model=smollm, sampling=sampling, max_tokens=8)
+    b = generate("Write a word.", model=smollm, sampling=sampling, max_tokens=8)
     assert a.tokens == b.tokens
     with pytest.raises(InvalidInputError):
-        generate("x", model=smollm, temperature=-1)
+        generate("x", model=smollm, sampling=Sampling(temperature=-1))
 
 
 def test_cli_extract_many_keeps_going_past_a_corrupt_line(tmp_path: Path) -> None:
@@ -206,7 +207,7 @@ def test_cli_extract_many_keeps_going_past_a_corrupt_line(tmp_path: Path) -> Non
 def test_repeat_limit_breaks_token_loops(smollm: Model) -> None:
     grammar = compile_grammar(Regex(r"1(0)*x"), smollm)
     ids = render_prompt(smollm, "Write the number one followed by a hundred zeros.")
-    out = run_generation(smollm, ids, grammar=grammar, max_tokens=60, repeat_limit=3)
+    out = run_generation(smollm, ids, grammar=grammar, limits=Limits(max_tokens=60, repeat_limit=3))
     assert out.finish_reason == "grammar"
     assert out.text.startswith("1") and out.text.endswith("x")
 

@@ -17,8 +17,9 @@ import jsonschema
 import pytest
 from conftest import SHARED_DATA
 
+from pocket_agent import Limits, Sampling
 from pocket_agent.errors import OutputBudgetExceeded, SchemaError
-from pocket_agent.generate import SamplingParams, render_prompt, run_generation
+from pocket_agent.generate import render_prompt, run_generation
 from pocket_agent.grammars import compile_grammar
 from pocket_agent.runtime import Model
 
@@ -47,7 +48,7 @@ def _sample_schemas(model: Model) -> list[tuple[str, dict[str, Any]]]:
     return picked
 
 
-def _run(model: Model, sampling: SamplingParams, max_tokens: int = MAX_TOKENS) -> tuple[int, int, list[str]]:
+def _run(model: Model, sampling: Sampling, max_tokens: int = MAX_TOKENS) -> tuple[int, int, list[str]]:
     valid = budget = 0
     invalid: list[str] = []
     for name, schema in _sample_schemas(model):
@@ -56,7 +57,9 @@ def _run(model: Model, sampling: SamplingParams, max_tokens: int = MAX_TOKENS) -
             model, [{"role": "user", "content": "Produce a JSON value for this schema:\n" + json.dumps(schema)[:1500]}]
         )
         try:
-            out = run_generation(model, prompt, grammar=grammar, max_tokens=max_tokens, sampling=sampling)
+            out = run_generation(
+                model, prompt, grammar=grammar, limits=Limits(max_tokens=max_tokens), sampling=sampling
+            )
         except OutputBudgetExceeded:
             budget += 1
             continue
@@ -72,7 +75,7 @@ def _run(model: Model, sampling: SamplingParams, max_tokens: int = MAX_TOKENS) -
 def test_tiny_fixture_outputs_validate(tiny_gguf: Model) -> None:
     # Random weights rarely close a free string, so most outputs hit the budget; those
     # that finish (enums, numbers, booleans, short structures) must all validate.
-    valid, budget, invalid = _run(tiny_gguf, SamplingParams(temperature=1.0, seed=0), max_tokens=120)
+    valid, budget, invalid = _run(tiny_gguf, Sampling(temperature=1.0, seed=0), max_tokens=120)
     assert invalid == []
     assert valid >= 2, f"only {valid} of {SAMPLE} finished ({budget} ran out of budget)"
 
@@ -81,7 +84,7 @@ def test_tiny_fixture_outputs_validate(tiny_gguf: Model) -> None:
 def test_default_model_outputs_validate(smollm: Model) -> None:
     # A 135M model also loops inside free strings on some schemas (measured: 7 of 16
     # finish in 200 tokens); what matters is that no finished output is invalid.
-    valid, budget, invalid = _run(smollm, SamplingParams())
+    valid, budget, invalid = _run(smollm, Sampling())
     assert invalid == []
     assert valid >= SAMPLE // 4, f"only {valid} of {SAMPLE} finished within {MAX_TOKENS} tokens ({budget} budget)"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
+import sys
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -33,8 +35,10 @@ from pocket_agent.grammars import (
     is_allowed,
     new_bitmask,
 )
-from pocket_agent.grammars.mask import MASK_VARIANTS, apply_mask_reference
 from pocket_agent.runtime import Model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from mask_variants import MASK_VARIANTS, apply_mask_reference
 
 
 class Item(BaseModel):

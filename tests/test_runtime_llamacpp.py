@@ -133,10 +133,10 @@ def test_prefix_reuse_evaluates_only_suffix(fresh_smollm: Model) -> None:
     before = m.stats.tokens_evaluated
     out = m.prefill(extended)
     assert m.stats.tokens_evaluated - before == len(extended) - len(base)
-    # the reused cache gives the same next-token distribution as a fresh evaluation
+    # the reused cache gives exactly the logits of a fresh evaluation
     m.reset()
     fresh = m.eval(extended).logits
-    assert int(out.logits[-1].argmax()) == int(fresh[-1].argmax())
+    np.testing.assert_array_equal(out.logits[-1], fresh[-1])
     # the same prompt again (after generating past it) evaluates nothing and returns the
     # very same logits as its first prefill
     first = m.prefill(extended)
@@ -146,10 +146,42 @@ def test_prefix_reuse_evaluates_only_suffix(fresh_smollm: Model) -> None:
     assert m.stats.tokens_evaluated - before == 0
     assert m.n_cached == len(extended)
     np.testing.assert_array_equal(again.logits, first.logits)
-    # a prompt that only shares a prefix re-evaluates just its own last token
+    # a prompt that only shares a prefix re-evaluates its last two tokens (never one alone:
+    # a one-token batch rounds differently)
     before = m.stats.tokens_evaluated
     m.prefill(extended[:-1])
-    assert m.stats.tokens_evaluated - before == 1
+    assert m.stats.tokens_evaluated - before == 2
+
+
+def test_prefill_depends_only_on_the_prompt(fresh_smollm: Model) -> None:
+    """Whatever the cache held before (other prompts, generated tokens), a prompt's logits are
+    bit-identical to a fresh evaluation: the property that makes results repeatable when
+    calls interleave."""
+    m = fresh_smollm
+    prompt = chat_ids(m, "Name a colour.")
+    m.reset()
+    fresh = m.prefill(prompt).logits[-1].copy()
+    histories = [
+        chat_ids(m, "Name a colour, please."),  # shares a long prefix
+        prompt[:-1],  # the prompt minus its last token
+        [*prompt, 42, 43],  # the prompt plus more
+    ]
+    for history in histories:
+        m.reset()
+        m.prefill(history)
+        for tok in m.tokenize(" red green blue"):  # one-token decode steps, as generation does
+            m.eval([tok])
+        np.testing.assert_array_equal(m.prefill(prompt).logits[-1], fresh)
+    # generated tokens that a later prompt repeats are evaluated again, in a batch
+    m.reset()
+    m.prefill(prompt)
+    reply = m.tokenize(" Red.")
+    for tok in reply:
+        m.eval([tok])
+    longer = [*prompt, *reply, *m.tokenize(" And another?")]
+    out = m.prefill(longer).logits[-1].copy()
+    m.reset()
+    np.testing.assert_array_equal(m.prefill(longer).logits[-1], out)
 
 
 def test_logits_positions_and_hidden_states(fresh_smollm: Model) -> None:

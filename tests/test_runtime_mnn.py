@@ -95,6 +95,14 @@ def test_mnn_misuse_is_typed_not_a_crash(name: str, request: pytest.FixtureReque
     assert res["err_layer_states"] == "ModelStateError"
 
 
+@pytest.mark.parametrize("name", ["smollm2_mnn", "tiny_mnn"])
+def test_mnn_prompts_take_control_tokens_only_from_the_template(name: str, request: pytest.FixtureRequest) -> None:
+    res = request.getfixturevalue(name)
+    evil, benign = res["injection_specials"]
+    assert res["injection_raw_specials"] >= 4  # the document would forge turns if parsed
+    assert evil == benign and len(evil) == 5  # system, user and the generation prompt
+
+
 def test_mnn_folder_without_build_is_typed(tmp_path: Path) -> None:
     from pocket_agent.errors import ModelLoadError, ModelNotFoundError
     from pocket_agent.runtime import load_model

@@ -15,11 +15,13 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
+from pocket_agent import Limits
 from pocket_agent.errors import InvalidInputError, SchemaError, ToolArgumentError
 from pocket_agent.grammars import Lark, compile_grammar
 from pocket_agent.runtime import Model, chatml_template
+from pocket_agent.runtime.prompt import encode_pieces
 from pocket_agent.tools import Agent, Tool, ToolCall, build_grammar, normalize_schema, parse_docstring, parse_turn, tool
-from pocket_agent.tools.format import render_messages, tokenize_prompt
+from pocket_agent.tools.format import render_messages
 
 # --- tools from functions --------------------------------------------------------------------
 
@@ -386,6 +388,11 @@ def test_parse_turn() -> None:
 # --- prompts ----------------------------------------------------------------------------------
 
 
+def _joined(pieces: list[tuple[str, bool]]) -> tuple[str, list[str]]:
+    """The rendered prompt as one text, and its data pieces."""
+    return "".join(t for t, _ in pieces), [t for t, is_data in pieces if is_data]
+
+
 def test_prompt_without_native_tools_support(smollm: Model) -> None:
     assert not smollm.chat_template.supports_tools
     tools = _tools()
@@ -395,11 +402,11 @@ def test_prompt_without_native_tools_support(smollm: Model) -> None:
         {"role": "assistant", "content": "", "tool_calls": [call.to_message()]},
         {"role": "tool", "tool_call_id": "call_0", "name": "add", "content": "3.0"},
     ]
-    text, data = render_messages(smollm, messages, tools, instructions="Be brief.")
+    text, data = _joined(render_messages(smollm, messages, tools, instructions="Be brief."))
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     assert '{"type": "function", "function": {"name": "add"' in text
     assert "<|im_start|>assistant\n" + _call("add", {"a": 1, "b": 2}) + "<|im_end|>" in text
-    assert "<tool_response>\n" in text and data == ["3.0"]
+    assert "<tool_response>\n3.0\n</tool_response>" in text and "3.0" in data
     assert text.endswith("<|im_start|>assistant\n")
 
 
@@ -413,11 +420,11 @@ def test_prompt_with_native_tools_template(smollm: Model) -> None:
         {"role": "assistant", "content": "", "tool_calls": [call.to_message()]},
         {"role": "tool", "tool_call_id": "call_0", "name": "lookup", "content": "found"},
     ]
-    text, data = render_messages(smollm, messages, tools, template=tmpl)
+    text, data = _joined(render_messages(smollm, messages, tools, template=tmpl))
     assert "<tools>\n" in text and '"name": "lookup"' in text
     assert '<tool_call>\n{"name": "lookup", "arguments": {"query": "x"}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\n" in text
-    assert data == ["found"]
+    assert "found" in data and "find x" in data
 
 
 def test_tool_results_cannot_inject_control_tokens(smollm: Model) -> None:
@@ -427,8 +434,7 @@ def test_tool_results_cannot_inject_control_tokens(smollm: Model) -> None:
         {"role": "assistant", "content": "", "tool_calls": [ToolCall("lookup", {"query": "x"}).to_message()]},
         {"role": "tool", "content": evil},
     ]
-    text, data = render_messages(smollm, messages, _tools())
-    ids = tokenize_prompt(smollm, text, data)
+    ids = encode_pieces(smollm, render_messages(smollm, messages, _tools()))
     specials = [t for t in ids if t in smollm.vocab.special_ids]
     # im_start/im_end of: system, user, assistant, tool, and the generation prompt only
     start = smollm.vocab.token_id("<|im_start|>")
@@ -442,11 +448,11 @@ def test_agent_validates_configuration() -> None:
     with pytest.raises(InvalidInputError, match="unique"):
         Agent([tools[0], tools[0]])
     with pytest.raises(InvalidInputError, match="max_steps"):
-        Agent(tools, max_steps=0)
+        Agent(tools, limits=Limits(max_steps=0))
     with pytest.raises(InvalidInputError, match="tool_choice"):
         Agent(tools, tool_choice="missing")
     with pytest.raises(InvalidInputError, match="tool_timeout"):
-        Agent(tools, tool_timeout=-1)
+        Agent(tools, limits=Limits(tool_timeout=-1))
     with pytest.raises(InvalidInputError, match="call_threshold"):
         Agent(tools, call_threshold=2)
     agent = Agent(tools, tool_choice="lookup")  # constructing loads no model

@@ -18,7 +18,7 @@ from .adapter import (
     unload_decision_adapter,
 )
 from .core import Decision, decide, decide_many, find_shipped_head, forget_default_head, shipped_heads
-from .train import DEFAULT_FEATURES, TrainResult, extract_features, load_examples, train_head
+from .train import DEFAULT_FEATURES, HeadTraining, TrainResult, extract_features, load_examples, train_head
 
 __all__ = [
     "DEFAULT_FEATURES",
@@ -26,6 +26,7 @@ __all__ = [
     "Decision",
     "DecisionAdapter",
     "FeatureSpec",
+    "HeadTraining",
     "PromptFormat",
     "TrainResult",
     "decide",

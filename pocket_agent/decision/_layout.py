@@ -13,10 +13,10 @@ import string
 import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 from ..errors import AdapterError, ContextOverflowError, InvalidInputError
 from ..runtime import Model
+from ..runtime.prompt import encode_pieces, render_pieces
 from ._features import Points
 
 LETTERS = string.ascii_uppercase
@@ -200,14 +200,14 @@ def template_parts(model: Model, fmt: PromptFormat, *, answer_prefix: str) -> _T
     if fmt.system is not None:
         messages.append({"role": "system", "content": fmt.system})
     messages.append({"role": "user", "content": _SENTINEL})
-    rendered = model.chat_template.render(messages, add_generation_prompt=True)
-    if rendered.count(_SENTINEL) != 1:
+    # the system text is data like any content: only the template makes control tokens
+    pieces = render_pieces(model.chat_template, messages, add_generation_prompt=True)
+    slots = [i for i, (text, is_data) in enumerate(pieces) if is_data and text == _SENTINEL]
+    if len(slots) != 1:
         raise InvalidInputError("The model's chat template does not render the user message verbatim.")
-    head_text, tail_text = rendered.split(_SENTINEL)
-    head = model.tokenize(head_text, special=True)
-    if model.vocab.add_bos and model.vocab.bos_id is not None and (not head or head[0] != model.vocab.bos_id):
-        head = [model.vocab.bos_id, *head]
-    tail = model.tokenize(tail_text, special=True) + (model.tokenize(answer_prefix) if answer_prefix else [])
+    head = encode_pieces(model, pieces[: slots[0]])
+    tail = encode_pieces(model, pieces[slots[0] + 1 :], add_bos=False)
+    tail += model.tokenize(answer_prefix) if answer_prefix else []
     marker = model.tokenize(fmt.marker)
     if len(marker) != 1:
         raise AdapterError(
@@ -369,7 +369,3 @@ def label_token_ids(model: Model, labels: str, n: int) -> list[list[int]]:
             raise InvalidInputError(f"The label {label!r} is not a single token for this model.")
         out.append(ids)
     return out
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return asdict(obj)

@@ -9,13 +9,13 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from ..errors import AdapterError
 from ..runtime import LoraAdapter, Model
@@ -28,8 +28,8 @@ FORMAT_NAME = "pocket-agent-dec"
 FORMAT_VERSION = 1
 HEAD_FILE = "head.safetensors"
 LORA_FILES = {"llamacpp": "lora.gguf", "mnn": "lora.mnn"}
-ATTRIBUTE = "decision_adapter"
-"""Name of the attribute that holds a model's loaded :class:`DecisionAdapter`."""
+_loaded: weakref.WeakKeyDictionary[Model, DecisionAdapter] = weakref.WeakKeyDictionary()
+"""The adapter loaded for each model (the runtime's Model knows nothing of decisions)."""
 
 
 @dataclass
@@ -176,7 +176,7 @@ class DecisionAdapter:
         """Parse ``head.safetensors`` content."""
         from safetensors.numpy import load
 
-        meta = _safetensors_metadata(data, where)
+        meta = safetensors_metadata(data, where)
         if meta.get("format") != FORMAT_NAME:
             raise AdapterError(f"{where} is not a pocket_agent decision head (format={meta.get('format')!r}).")
         try:
@@ -279,7 +279,7 @@ class DecisionAdapter:
         }
 
 
-def _safetensors_metadata(data: bytes, where: str) -> dict[str, str]:
+def safetensors_metadata(data: bytes, where: str) -> dict[str, str]:
     if len(data) < 8:
         raise AdapterError(f"{where} is too short to be a safetensors file.")
     n = int.from_bytes(data[:8], "little")
@@ -303,8 +303,8 @@ def load_decision_adapter(model: Model, path: str | os.PathLike[str] | DecisionA
     model (same identity hash), else :class:`AdapterError`. A LoRA in the adapter never
     changes generation: for heads that read an inner block it is applied only to the
     context that reads layer states; for final-norm heads it is loaded switched off
-    (scale 0) and switched on only while the pointer method runs. The adapter is stored as
-    ``model.decision_adapter``; a previously loaded one is unloaded first.
+    (scale 0) and switched on only while the pointer method runs. A previously loaded
+    adapter is unloaded first; :func:`get_decision_adapter` returns the loaded one.
     """
     adapter = path if isinstance(path, DecisionAdapter) else DecisionAdapter.read(path)
     adapter.check_model(model)
@@ -316,7 +316,7 @@ def load_decision_adapter(model: Model, path: str | os.PathLike[str] | DecisionA
             adapter.lora = model.open_lora(lora_path)
         else:
             adapter.lora = model.load_lora(lora_path, scale=0.0)
-    setattr(model, ATTRIBUTE, adapter)
+    _loaded[model] = adapter
     return adapter
 
 
@@ -330,13 +330,12 @@ def unload_decision_adapter(model: Model) -> None:
     elif current.lora is not None and not model.closed:
         model.close_lora(current.lora)
     current.lora = None
-    setattr(model, ATTRIBUTE, None)
+    _loaded.pop(model, None)
 
 
 def get_decision_adapter(model: Model) -> DecisionAdapter | None:
     """The adapter loaded into ``model``, or None."""
-    value = getattr(model, ATTRIBUTE, None)
-    return value if isinstance(value, DecisionAdapter) else None
+    return _loaded.get(model)
 
 
 def new_adapter(
@@ -361,7 +360,3 @@ def new_adapter(
         n_embd=model.info.n_embd,
         metadata=dict(metadata or {}),
     )
-
-
-def weights_array(adapter: DecisionAdapter) -> NDArray[np.float32]:
-    return adapter.head.weight

@@ -118,7 +118,7 @@ def _decide(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .train import default_layer, load_examples, train_head
+    from .train import HeadTraining, default_layer, load_examples, train_head
 
     if len(args.o) != 1:
         raise InvalidInputError("decide train needs exactly one output path: -o OUT (a folder, or a .zip file).")
@@ -141,12 +141,14 @@ def _train(args: argparse.Namespace) -> int:
     result = train_head(
         examples,
         model,
-        features=features,
-        layer=layer,
-        rotations=args.rotations,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        compare=() if args.no_compare else ("cloze", "letter"),
+        training=HeadTraining(
+            features=features,
+            layer=layer,
+            rotations=args.rotations,
+            val_fraction=args.val_fraction,
+            seed=args.seed,
+            compare=() if args.no_compare else ("cloze", "letter"),
+        ),
         progress=progress,
         metadata={"data": str(args.data)},
     )

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import AdapterError, InvalidInputError, PocketAgentError
+from ..options import Limits, Sampling, resolve_limits, resolve_sampling
 from ..runtime import LayerStates, LoraAdapter, Model, StatesRequest, common_prefix_length, resolve_model
 from ._features import FeatureSpec, PassRows, build_features, log_softmax_at, logsumexp, needed_positions
 from ._head import softmax
@@ -35,9 +36,9 @@ from ._layout import (
 )
 from .adapter import (
     DecisionAdapter,
-    _safetensors_metadata,
     get_decision_adapter,
     load_decision_adapter,
+    safetensors_metadata,
 )
 
 Method = Literal["auto", "cloze", "letter", "pointer"]
@@ -73,13 +74,13 @@ class Decision:
 
 
 @dataclass
-class _Item:
+class Question:
     question: str
     options: list[str]
     context: str | None
 
 
-def _make_decision(item: _Item, raw: NDArray[np.floating], method: str) -> Decision:
+def _make_decision(item: Question, raw: NDArray[np.floating], method: str) -> Decision:
     probs = softmax(raw)
     idx = int(np.argmax(raw))
     return Decision(
@@ -97,7 +98,7 @@ def _make_decision(item: _Item, raw: NDArray[np.floating], method: str) -> Decis
 
 def _eval_rows(model: Model, tokens: list[int], positions: list[int], hidden: bool) -> PassRows:
     """Evaluate ``tokens`` (reusing the cached common prefix) and return rows at ``positions``."""
-    keep = min(common_prefix_length(model.cached_tokens, tokens), positions[0], len(tokens) - 1)
+    keep = min(model.reusable_prefix(tokens), positions[0])
     model.rollback(keep)
     out = model.eval(tokens[keep:], logits=[p - keep for p in positions], hidden=hidden)
     logits = {p: out.logits[j] for j, p in enumerate(positions)}
@@ -189,7 +190,7 @@ def _lora_on(model: Model, adapter: DecisionAdapter | None) -> Iterator[None]:
 # -- the three methods ----------------------------------------------------------------
 
 
-def _score_cloze(model: Model, items: Sequence[_Item], fmt: PromptFormat) -> list[NDArray[np.float64]]:
+def _score_cloze(model: Model, items: Sequence[Question], fmt: PromptFormat) -> list[NDArray[np.float64]]:
     layouts = [cloze_layout(model, fmt, it.question, it.options, it.context) for it in items]
     order = sorted(range(len(items)), key=lambda i: layouts[i].prefix)
     out: list[NDArray[np.float64] | None] = [None] * len(items)
@@ -255,7 +256,7 @@ def branches_reliable(model: Model) -> bool:
 
 
 def _score_letter(
-    model: Model, items: Sequence[_Item], fmt: PromptFormat, *, batched: bool
+    model: Model, items: Sequence[Question], fmt: PromptFormat, *, batched: bool
 ) -> list[NDArray[np.float64]]:
     layouts = [pointer_layout(model, fmt, it.question, it.options, it.context) for it in items]
     jobs = [(lay.tokens, [lay.answer_pos]) for lay in layouts]
@@ -344,7 +345,7 @@ def pointer_features(
     model: Model,
     spec: FeatureSpec,
     fmt: PromptFormat,
-    items: Sequence[_Item],
+    items: Sequence[Question],
     *,
     batched: bool = False,
     lora: tuple[LoraAdapter, float] | None = None,
@@ -384,7 +385,7 @@ def _layout_prefix(lay: PointerLayout | BranchLayout) -> list[int]:
 
 
 def _score_pointer(
-    model: Model, items: Sequence[_Item], adapter: DecisionAdapter, *, batched: bool
+    model: Model, items: Sequence[Question], adapter: DecisionAdapter, *, batched: bool
 ) -> list[NDArray[np.float64]]:
     if adapter.features.inner_layer is not None:
         lora = (adapter.lora, adapter.lora_scale) if adapter.lora is not None else None
@@ -419,7 +420,7 @@ def find_shipped_head(model: Model) -> Path | None:
             with path.open("rb") as f:
                 n = int.from_bytes(f.read(8), "little")
                 header = f.read(n) if 0 < n < 10_000_000 else b""
-            meta = _safetensors_metadata(n.to_bytes(8, "little") + header, str(path))
+            meta = safetensors_metadata(n.to_bytes(8, "little") + header, str(path))
         except (OSError, PocketAgentError):
             continue
         if meta.get("base_model_id") == ident:
@@ -474,8 +475,8 @@ def _resolve_method(model: Model, method: str) -> tuple[str, DecisionAdapter | N
     return method, None
 
 
-def _score(
-    model: Model, items: Sequence[_Item], method: str, adapter: DecisionAdapter | None, *, batched: bool
+def score_questions(
+    model: Model, items: Sequence[Question], method: str, adapter: DecisionAdapter | None, *, batched: bool
 ) -> list[NDArray[np.float64]]:
     if method == "cloze":
         return _score_cloze(model, items, DEFAULT_FORMAT)
@@ -492,6 +493,8 @@ def decide(
     context: str | None = None,
     model: Model | str | os.PathLike[str] | None = None,
     method: Method = "auto",
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
 ) -> Decision:
     """Pick the best of ``options`` for ``question`` (about ``context``) in one forward pass.
 
@@ -505,6 +508,8 @@ def decide(
             at the answer position), ``"pointer"`` (a trained Dec adapter: a head scores
             the hidden state closing each option) or ``"auto"`` (``pointer`` when an
             adapter is loaded or shipped for this model, else ``cloze``).
+        sampling, limits: the options every entry point takes (checked); a decision
+            scores the options in one pass and generates nothing, so they do not change it.
 
     Returns:
         A :class:`Decision` with ``choice``, ``index``, ``scores`` (probabilities) and
@@ -516,15 +521,18 @@ def decide(
         ContextOverflowError: the prompt with its options does not fit the context window.
         AdapterError: ``method="pointer"`` without a usable adapter.
     """
+    resolve_sampling(sampling)
+    resolve_limits(limits)
     q, opts, ctx = check_question(question, options, context)
     m = resolve_model(model)
-    chosen, adapter = _resolve_method(m, method)
-    item = _Item(q, opts, ctx)
-    raw = _score(m, [item], chosen, adapter, batched=False)[0]
+    with m.lock:
+        chosen, adapter = _resolve_method(m, method)
+        item = Question(q, opts, ctx)
+        raw = score_questions(m, [item], chosen, adapter, batched=False)[0]
     return _make_decision(item, raw, chosen)
 
 
-def _parse_item(i: int, raw: object) -> _Item:
+def _parse_item(i: int, raw: object) -> Question:
     if isinstance(raw, Mapping):
         if "question" not in raw or "options" not in raw:
             raise InvalidInputError(f"items[{i}] needs 'question' and 'options' keys.")
@@ -540,7 +548,7 @@ def _parse_item(i: int, raw: object) -> _Item:
         qq, oo, cc = check_question(q, o, c)
     except InvalidInputError as exc:
         raise InvalidInputError(f"items[{i}]: {exc}") from exc
-    return _Item(qq, oo, cc)
+    return Question(qq, oo, cc)
 
 
 def decide_many(
@@ -549,6 +557,8 @@ def decide_many(
     model: Model | str | os.PathLike[str] | None = None,
     method: Method = "auto",
     batched: bool | None = None,
+    sampling: Sampling | None = None,
+    limits: Limits | None = None,
 ) -> list[Decision]:
     """Answer many questions; results come back in the order of ``items``.
 
@@ -566,14 +576,22 @@ def decide_many(
     :func:`decide`'s by llama.cpp's batch-dependent rounding). ``letter`` questions are
     batched where the backend reproduces one-sequence results in a batch
     (:func:`branches_reliable`). ``cloze`` batches the options of each question.
-    ``batched=False`` forces the sequential path everywhere.
+    ``batched=False`` forces the sequential path everywhere. ``sampling`` and ``limits``
+    as in :func:`decide`.
     """
+    resolve_sampling(sampling)
+    resolve_limits(limits)
     if isinstance(items, (str, bytes, Mapping)):
         raise InvalidInputError("items must be a list of questions (dicts or tuples).")
     parsed = [_parse_item(i, raw) for i, raw in enumerate(items)]
     if not parsed:
         return []
     m = resolve_model(model)
+    with m.lock:
+        return _decide_all(m, parsed, method, batched)
+
+
+def _decide_all(m: Model, parsed: list[Question], method: Method, batched: bool | None) -> list[Decision]:
     chosen, adapter = _resolve_method(m, method)
     if batched is None:
         # Several questions in one decode change the pointer features slightly (llama.cpp's
@@ -582,5 +600,5 @@ def decide_many(
         # questions run one by one and decide_many(x) == [decide(q) for q in x] exactly.
         batched = not (chosen == "pointer" and adapter is not None and adapter.features.inner_layer is not None)
     use_batch = bool(batched)
-    raws = _score(m, parsed, chosen, adapter, batched=use_batch)
+    raws = score_questions(m, parsed, chosen, adapter, batched=use_batch)
     return [_make_decision(it, r, chosen) for it, r in zip(parsed, raws, strict=True)]

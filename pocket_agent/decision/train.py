@@ -19,7 +19,7 @@ from ._head import FitReport, LinearHead, fit_head
 from ._identity import model_identity
 from ._layout import DEFAULT_FORMAT, PromptFormat, check_question
 from .adapter import DecisionAdapter, new_adapter
-from .core import _Item, _score, pointer_features
+from .core import Question, pointer_features, score_questions
 
 DEPTH_FRACTION = 0.6
 """Where ``train_head`` reads hidden states by default: after the block at 60% of the
@@ -78,8 +78,8 @@ class Example:
     answer: int
     context: str | None = None
 
-    def item(self) -> _Item:
-        return _Item(self.question, self.options, self.context)
+    def item(self) -> Question:
+        return Question(self.question, self.options, self.context)
 
     def rotated(self, shift: int) -> Example:
         """The same question with its options rotated left by ``shift``."""
@@ -207,156 +207,219 @@ def _accuracy(preds: Sequence[int], gold: Sequence[int]) -> float:
     return float(np.mean([p == g for p, g in zip(preds, gold, strict=True)])) if gold else float("nan")
 
 
+@dataclass(frozen=True)
+class HeadTraining:
+    """How :func:`train_head` splits the examples, builds features and fits the head.
+
+    Args:
+        features: a :class:`FeatureSpec`, or ``"auto"``: extract the union of
+            :data:`AUTO_CANDIDATES` once and keep the candidate with the lowest
+            early-stopping loss (the head then reads only its parts).
+        layer: with ``features="auto"``, which hidden states are read: a block index,
+            ``"final_norm"``, or ``"auto"`` (:func:`default_layer`).
+        prompt_format: the layout ``decide`` uses with the adapter.
+        val_fraction: share of the examples held out for the reported accuracy.
+        stop_fraction: share of the training part held out for early stopping and for
+            choosing the L2 penalty; the head is then refitted on the whole training part.
+        rotations: option-rotated copies of every training question (``listed`` formats
+            only; in the ``branches`` layout no option sees another).
+        seed: the shuffle before splitting.
+        compare: zero-shot methods (``cloze``, ``letter``) scored on the validation part.
+        l2_grid: L2 penalties tried.
+        max_iter: most optimisation steps per fit.
+    """
+
+    features: FeatureSpec | str = "auto"
+    layer: int | str = "auto"
+    prompt_format: PromptFormat = DEFAULT_FORMAT
+    val_fraction: float = 0.2
+    stop_fraction: float = 0.2
+    rotations: int = 1
+    seed: int = 0
+    compare: tuple[str, ...] = ("cloze", "letter")
+    l2_grid: tuple[float, ...] = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
+    max_iter: int = 2000
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.val_fraction < 1.0 or not 0.0 < self.stop_fraction < 1.0:
+            raise InvalidInputError("val_fraction and stop_fraction must be between 0 and 1.")
+        if self.rotations < 0:
+            raise InvalidInputError("rotations must be >= 0.")
+        for name in self.compare:
+            if name not in ("cloze", "letter"):
+                raise InvalidInputError(f"compare may list 'cloze' and 'letter', got {name!r}.")
+        if not isinstance(self.features, FeatureSpec) and self.features != "auto":
+            raise InvalidInputError(f"features must be a FeatureSpec or 'auto', got {self.features!r}.")
+        object.__setattr__(self, "compare", tuple(self.compare))
+        object.__setattr__(self, "l2_grid", tuple(self.l2_grid))
+
+
+@dataclass
+class _Split:
+    """The examples split three ways; ``fit`` and ``stop`` include rotated copies."""
+
+    fit: list[Example]
+    stop: list[Example]
+    val: list[Example]
+    n_fit_questions: int
+    n_stop_questions: int
+
+
+def _split(rows: list[Example], training: HeadTraining) -> _Split:
+    n_val = round(len(rows) * training.val_fraction)
+    n_stop = round((len(rows) - n_val) * training.stop_fraction)
+    if n_val < 1 or n_stop < 1 or len(rows) - n_val - n_stop < 2:
+        raise InvalidInputError(f"{len(rows)} examples are too few to train and validate a head; give at least 10.")
+    order = np.random.default_rng(training.seed).permutation(len(rows))
+    val = [rows[i] for i in order[:n_val]]
+    stop = [rows[i] for i in order[n_val : n_val + n_stop]]
+    fit = [rows[i] for i in order[n_val + n_stop :]]
+    # each option is scored on its own in the branches layout: a rotated copy adds nothing
+    rotations = 0 if training.prompt_format.layout == "branches" else training.rotations
+
+    def expand(part: list[Example]) -> list[Example]:
+        return part + [e.rotated(r) for r in range(1, rotations + 1) for e in part]
+
+    return _Split(expand(fit), expand(stop), val, len(fit), len(stop))
+
+
+def _feature_plan(model: Model, training: HeadTraining) -> tuple[FeatureSpec, list[tuple[str, ...]]]:
+    """What to extract once, and the candidate feature sets to choose from."""
+    if isinstance(training.features, FeatureSpec):
+        return training.features, [training.features.parts]
+    union = tuple(dict.fromkeys(p for c in AUTO_CANDIDATES for p in c))
+    where = default_layer(model) if training.layer == "auto" else training.layer
+    return FeatureSpec(parts=union, layer=where), list(AUTO_CANDIDATES)
+
+
+@dataclass
+class _Choice:
+    loss: float
+    head: LinearHead
+    report: FitReport
+    spec: FeatureSpec
+    cols: list[int]
+
+
+def _choose_head(
+    all_feats: list[NDArray[np.float32]],
+    split: _Split,
+    extract_spec: FeatureSpec,
+    candidates: list[tuple[str, ...]],
+    n_embd: int,
+    training: HeadTraining,
+    progress: Progress | None,
+) -> tuple[_Choice, list[dict[str, object]]]:
+    """Fit a head on each candidate feature set; keep the lowest early-stopping loss."""
+    n_fit, n_stop = len(split.fit), len(split.stop)
+    best: _Choice | None = None
+    tried: list[dict[str, object]] = []
+    for parts in candidates:
+        cols = _slice(extract_spec, parts, n_embd)
+        sub = [f[:, cols] for f in all_feats]
+        head, report = fit_head(
+            sub[:n_fit],
+            [e.answer for e in split.fit],
+            stop_x=sub[n_fit : n_fit + n_stop],
+            stop_y=[e.answer for e in split.stop],
+            l2_grid=training.l2_grid,
+            max_iter=training.max_iter,
+        )
+        loss = min(g["stop_loss"] for g in report.grid)
+        tried.append({"parts": list(parts), "stop_loss": round(loss, 4), "stop_accuracy": report.stop_accuracy})
+        if progress is not None:
+            progress("fit", len(tried), len(candidates))
+        if best is None or loss < best.loss:
+            spec = FeatureSpec(parts=parts, layer=extract_spec.layer, token_ids=extract_spec.token_ids)
+            best = _Choice(loss, head, report, spec, cols)
+    assert best is not None
+    return best, tried
+
+
+def _zero_shot(model: Model, val: list[Example], compare: Sequence[str], progress: Progress | None) -> dict[str, float]:
+    gold = [e.answer for e in val]
+    scores: dict[str, float] = {}
+    for name in compare:
+        if progress is not None:
+            progress(name, 0, len(val))
+        raws = score_questions(model, [e.item() for e in val], name, None, batched=False)
+        scores[name] = _accuracy([int(np.argmax(r)) for r in raws], gold)
+    return scores
+
+
 def train_head(
     examples: Iterable[Example | Mapping[str, object]],
     model: Model | str | os.PathLike[str] | None = None,
     *,
-    features: FeatureSpec | str = "auto",
-    layer: int | str = "auto",
-    prompt_format: PromptFormat = DEFAULT_FORMAT,
-    val_fraction: float = 0.2,
-    stop_fraction: float = 0.2,
-    rotations: int = 1,
-    seed: int = 0,
-    compare: Sequence[str] = ("cloze", "letter"),
-    l2_grid: Sequence[float] = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
-    max_iter: int = 2000,
+    training: HeadTraining | None = None,
     progress: Progress | None = None,
     metadata: Mapping[str, object] | None = None,
     feature_cache: FeatureCache | None = None,
 ) -> TrainResult:
     """Fit a pointer head for ``model`` on labelled questions.
 
-    The examples are shuffled (``seed``) and split into validation (``val_fraction``),
-    and training; a ``stop_fraction`` of the training part is held out for early
-    stopping and for choosing the L2 penalty from ``l2_grid``, then the head is refitted
-    on the whole training part. Features are extracted in exactly the layout ``decide``
-    uses. ``features="auto"`` extracts the union of :data:`AUTO_CANDIDATES` once and keeps
-    the candidate with the lowest early-stopping loss (the head then reads only its
-    parts); a :class:`FeatureSpec` fixes the features. With ``features="auto"``,
-    ``layer`` says which hidden states are read: a block index, ``"final_norm"``, or
-    ``"auto"`` (:func:`default_layer`). ``rotations`` adds that many
-    option-rotated copies of every training question (one extra forward pass each) so the
-    head does not learn option positions; it applies to ``listed`` prompt formats only (in
-    the default ``branches`` layout no option sees another, so order cannot matter).
-    ``compare`` lists zero-shot methods to score on the validation questions.
-    ``feature_cache`` (a dict kept by the caller) lets several trainings on overlapping
-    questions extract each question's features once.
+    The examples are shuffled and split (see :class:`HeadTraining`); features are
+    extracted in exactly the layout ``decide`` uses; the L2 penalty and, with
+    ``features="auto"``, the feature set are chosen by early-stopping loss; the head is
+    scored on the validation part next to the zero-shot methods. ``feature_cache`` (a dict
+    kept by the caller) lets several trainings on overlapping questions extract each
+    question's features once; ``metadata`` is recorded in the adapter.
 
     Returns a :class:`TrainResult`; ``result.adapter.save(path)`` writes a Dec adapter and
     ``load_decision_adapter(model, result.adapter)`` activates it.
     """
     t0 = time.perf_counter()
+    training = training or HeadTraining()
     m = resolve_model(model)
     rows = _as_examples(examples)
-    if not 0.0 < val_fraction < 1.0 or not 0.0 < stop_fraction < 1.0:
-        raise InvalidInputError("val_fraction and stop_fraction must be between 0 and 1.")
-    if rotations < 0:
-        raise InvalidInputError("rotations must be >= 0.")
-    for name in compare:
-        if name not in ("cloze", "letter"):
-            raise InvalidInputError(f"compare may list 'cloze' and 'letter', got {name!r}.")
-    n_val = round(len(rows) * val_fraction)
-    n_stop = round((len(rows) - n_val) * stop_fraction)
-    if n_val < 1 or n_stop < 1 or len(rows) - n_val - n_stop < 2:
-        raise InvalidInputError(f"{len(rows)} examples are too few to train and validate a head; give at least 10.")
-    order = np.random.default_rng(seed).permutation(len(rows))
-    val = [rows[i] for i in order[:n_val]]
-    stop = [rows[i] for i in order[n_val : n_val + n_stop]]
-    fit_rows = [rows[i] for i in order[n_val + n_stop :]]
-
-    if prompt_format.layout == "branches":
-        rotations = 0  # each option is scored on its own: a rotated copy has the same features
-
-    def expand(part: list[Example]) -> list[Example]:
-        out = list(part)
-        for r in range(1, rotations + 1):
-            out += [e.rotated(r) for e in part]
-        return out
-
-    fit_x_rows, stop_x_rows = expand(fit_rows), expand(stop)
-    everything = fit_x_rows + stop_x_rows + val
-    if isinstance(features, FeatureSpec):
-        extract_spec, candidates = features, [features.parts]
-    elif features == "auto":
-        union = tuple(dict.fromkeys(p for c in AUTO_CANDIDATES for p in c))
-        where = default_layer(m) if layer == "auto" else layer
-        extract_spec, candidates = FeatureSpec(parts=union, layer=where), list(AUTO_CANDIDATES)
-    else:
-        raise InvalidInputError(f"features must be a FeatureSpec or 'auto', got {features!r}.")
+    split = _split(rows, training)
+    extract_spec, candidates = _feature_plan(m, training)
     all_feats = extract_features(
-        everything, m, features=extract_spec, prompt_format=prompt_format, progress=progress, cache=feature_cache
+        [*split.fit, *split.stop, *split.val],
+        m,
+        features=extract_spec,
+        prompt_format=training.prompt_format,
+        progress=progress,
+        cache=feature_cache,
     )
-    n_fit, n_st = len(fit_x_rows), len(stop_x_rows)
-    n_embd = m.info.n_embd
-    best: tuple[float, LinearHead, FitReport, FeatureSpec, list[int]] | None = None
-    tried: list[dict[str, object]] = []
-    for parts in candidates:
-        cols = _slice(extract_spec, parts, n_embd)
-        sub = [f[:, cols] for f in all_feats]
-        cand_head, cand_report = fit_head(
-            sub[:n_fit],
-            [e.answer for e in fit_x_rows],
-            stop_x=sub[n_fit : n_fit + n_st],
-            stop_y=[e.answer for e in stop_x_rows],
-            l2_grid=l2_grid,
-            max_iter=max_iter,
-        )
-        loss = min(g["stop_loss"] for g in cand_report.grid)
-        tried.append({"parts": list(parts), "stop_loss": round(loss, 4), "stop_accuracy": cand_report.stop_accuracy})
-        if progress is not None:
-            progress("fit", len(tried), len(candidates))
-        if best is None or loss < best[0]:
-            spec = FeatureSpec(parts=parts, layer=extract_spec.layer, token_ids=extract_spec.token_ids)
-            best = (loss, cand_head, cand_report, spec, cols)
-    assert best is not None
-    _, head, report, chosen, chosen_cols = best
-    feats = [f[:, chosen_cols] for f in all_feats]
-    val_feats = feats[n_fit + n_st :]
-    preds = [int(np.argmax(head.scores(f))) for f in val_feats]
-    gold = [e.answer for e in val]
-    val_acc = _accuracy(preds, gold)
-    zero_shot: dict[str, float] = {}
-    for name in compare:
-        if progress is not None:
-            progress(name, 0, len(val))
-        raws = _score(m, [e.item() for e in val], name, None, batched=False)
-        zero_shot[name] = _accuracy([int(np.argmax(r)) for r in raws], gold)
-    seconds = time.perf_counter() - t0
-    training = {
+    best, tried = _choose_head(all_feats, split, extract_spec, candidates, m.info.n_embd, training, progress)
+    val_feats = [f[:, best.cols] for f in all_feats[len(split.fit) + len(split.stop) :]]
+    preds = [int(np.argmax(best.head.scores(f))) for f in val_feats]
+    val_acc = _accuracy(preds, [e.answer for e in split.val])
+    zero_shot = _zero_shot(m, split.val, training.compare, progress)
+    record = {
         "examples": len(rows),
-        "n_fit": len(fit_rows),
-        "n_stop": len(stop),
-        "n_val": len(val),
-        "rotations": rotations,
-        "seed": seed,
-        "features": list(chosen.parts),
-        "layer": chosen.layer,
+        "n_fit": split.n_fit_questions,
+        "n_stop": split.n_stop_questions,
+        "n_val": len(split.val),
+        "rotations": training.rotations if training.prompt_format.layout != "branches" else 0,
+        "seed": training.seed,
+        "features": list(best.spec.parts),
+        "layer": best.spec.layer,
         "feature_candidates": tried,
-        "l2": report.l2,
-        "iterations": report.iterations,
+        "l2": best.report.l2,
+        "iterations": best.report.iterations,
         "val_accuracy": round(val_acc, 4),
         "zero_shot_val_accuracy": {k: round(v, 4) for k, v in zero_shot.items()},
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **{str(k): v for k, v in (metadata or {}).items()},
     }
-    if metadata:
-        training.update({str(k): v for k, v in metadata.items()})
     adapter = new_adapter(
         m,
-        head,
-        chosen,
-        prompt_format,
-        metadata={"training": json.dumps(training, ensure_ascii=False, sort_keys=True)},
+        best.head,
+        best.spec,
+        training.prompt_format,
+        metadata={"training": json.dumps(record, ensure_ascii=False, sort_keys=True)},
     )
     assert adapter.base_model_id == model_identity(m)
     return TrainResult(
         adapter=adapter,
         val_accuracy=val_acc,
         zero_shot=zero_shot,
-        n_train=len(fit_rows) + len(stop),
-        n_val=len(val),
-        fit=report,
-        seconds=seconds,
+        n_train=split.n_fit_questions + split.n_stop_questions,
+        n_val=len(split.val),
+        fit=best.report,
+        seconds=time.perf_counter() - t0,
         val_predictions=preds,
         candidates=tried,
     )

@@ -12,7 +12,7 @@ Unsupported schema features raise :class:`~pocket_agent.errors.UnsupportedSchema
 output.
 """
 
-from ..errors import SchemaError, UnsupportedSchemaError
+from ..errors import ConstraintError, SchemaError, TokenRejectedError, UnsupportedSchemaError
 from .compiler import (
     DEFAULT_CACHE_SIZE,
     CacheInfo,
@@ -26,7 +26,6 @@ from .compiler import (
     grammar_for,
     set_cache_size,
 )
-from .errors import ConstraintError, TokenRejectedError
 from .mask import allowed_tokens, apply_mask, count_allowed, is_allowed, new_bitmask
 from .matcher import GrammarMatcher
 from .schema import MAX_SCHEMA_DEPTH, close_objects

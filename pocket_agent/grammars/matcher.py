@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import InvalidInputError
-from .errors import ConstraintError, TokenRejectedError
+from ..errors import ConstraintError, InvalidInputError, TokenRejectedError
 from .mask import allowed_tokens
 
 if TYPE_CHECKING:

@@ -27,6 +27,7 @@ from .loader import (
     resolve_source,
     set_default_model,
 )
+from .scripted import ScriptedModel
 
 __all__ = [
     "Capabilities",
@@ -37,6 +38,7 @@ __all__ = [
     "LoraAdapter",
     "Model",
     "ModelInfo",
+    "ScriptedModel",
     "StatesRequest",
     "StreamDecoder",
     "Vocabulary",

@@ -12,11 +12,12 @@ suffix that differs from the previous call.
 from __future__ import annotations
 
 import abc
-import os
-from collections.abc import Sequence
+import functools
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,8 +30,21 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
-    from ..decision.adapter import DecisionAdapter
     from .chat_template import ChatTemplate
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run ``method`` holding the model's lock (see :attr:`Model.lock`)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Model, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
 
 LogitsSelection = Literal["last", "all", "none"] | Sequence[int]
 """Which positions of an evaluation return logits: the last one, all, none, or indices
@@ -144,9 +158,6 @@ class EvalStats:
     tokens_evaluated: int = 0
     eval_calls: int = 0
 
-    def snapshot(self) -> tuple[int, int]:
-        return (self.tokens_evaluated, self.eval_calls)
-
 
 @dataclass
 class LoraAdapter:
@@ -163,6 +174,11 @@ class Model(abc.ABC):
     Concrete backends implement the ``_``-prefixed hooks; the public methods here do the
     argument checking that keeps bad input away from native code (empty token lists,
     out-of-range ids, context overflow, use after close).
+
+    One model serves one call at a time: :attr:`lock` (reentrant) is held by every method
+    that touches the KV cache, and by each public entry point (``extract``, ``generate``,
+    ``Agent.run``, ``decide``) for the whole call, so threads sharing a model take turns and
+    each gets the result it would get alone. Concurrency comes from more processes.
     """
 
     backend: str = ""
@@ -171,6 +187,7 @@ class Model(abc.ABC):
     capabilities: Capabilities
 
     def __init__(self) -> None:
+        self.lock = threading.RLock()
         self._cached: list[int] = []
         self._closed = False
         self.stats = EvalStats()
@@ -181,6 +198,11 @@ class Model(abc.ABC):
         # again returns these instead of re-evaluating its last token, whose logits from a
         # 1-token batch differ numerically from the many-token batch (quantised kernels).
         self._prefill_memo: tuple[list[int], EvalOutput] | None = None
+        # The first cached position that was evaluated in a batch of one token (a decode
+        # step). llama.cpp computes a position identically in any batch of two or more tokens
+        # but differently alone, so prefill never reuses the cache from there on: a prompt's
+        # logits then depend only on the prompt, never on what the cache held before.
+        self._single_from: int | None = None
 
     # -- static facts ----------------------------------------------------------------
 
@@ -236,6 +258,7 @@ class Model(abc.ABC):
     def n_cached(self) -> int:
         return len(self._cached)
 
+    @_locked
     def eval(
         self,
         tokens: Sequence[int],
@@ -263,11 +286,14 @@ class Model(abc.ABC):
         if hidden and not self.capabilities.hidden_states:
             raise ModelStateError(f"The {self.backend} backend cannot return hidden states.")
         out = self._eval(toks, positions, hidden)
+        if len(toks) == 1 and self._single_from is None:
+            self._single_from = len(self._cached)
         self._cached.extend(toks)
         self.stats.tokens_evaluated += len(toks)
         self.stats.eval_calls += 1
         return out
 
+    @_locked
     def rollback(self, n: int) -> None:
         """Drop cached tokens after the first ``n``; the cache then holds ``n`` tokens."""
         self._check_open()
@@ -276,16 +302,21 @@ class Model(abc.ABC):
         if n < len(self._cached):
             self._rollback(n)
             del self._cached[n:]
+            if self._single_from is not None and n <= self._single_from:
+                self._single_from = None
             if self._prefill_memo is not None and n < len(self._prefill_memo[0]):
                 self._prefill_memo = None
 
+    @_locked
     def reset(self) -> None:
         """Clear the KV cache."""
         self._check_open()
         self._reset()
         self._cached.clear()
         self._prefill_memo = None
+        self._single_from = None
 
+    @_locked
     def prefill(
         self,
         tokens: Sequence[int],
@@ -301,6 +332,11 @@ class Model(abc.ABC):
         prefill's tokens and they are still cached: then the logits remembered from that
         prefill are returned, so repeating a prompt gives bit-identical results. ``logits``
         indices refer to the evaluated suffix; most callers use the default ``"last"``.
+
+        The result depends only on ``tokens``, not on what the cache held: the suffix is
+        evaluated in a batch of at least two tokens, and cached positions that a one-token
+        decode step computed are never reused (a backend's kernels may round differently
+        for a single token than for a batch).
         """
         toks = self._check_ids(tokens)
         keep = common_prefix_length(self._cached, toks)
@@ -308,13 +344,27 @@ class Model(abc.ABC):
         if logits == "last" and not hidden and memo is not None and keep == len(toks) and memo[0] == toks:
             self.rollback(keep)
             return EvalOutput(logits=memo[1].logits.copy(), positions=list(memo[1].positions))
-        keep = min(keep, len(toks) - 1)
+        keep = self.reusable_prefix(toks)
         self.rollback(keep)
         out = self.eval(toks[keep:], logits=logits, hidden=hidden)
         if logits == "last" and not hidden:
             self._prefill_memo = (toks, EvalOutput(logits=out.logits.copy(), positions=list(out.positions)))
         return out
 
+    def reusable_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` may be taken from the cache before evaluating the rest.
+
+        The common prefix with :attr:`cached_tokens`, but never a position that a one-token
+        decode step computed, and always leaving at least two tokens to evaluate together:
+        llama.cpp computes a position identically in any batch of two or more tokens, but
+        differently alone. Evaluating from here makes the logits depend only on ``tokens``.
+        """
+        keep = min(common_prefix_length(self._cached, tokens), max(len(tokens) - 2, 0))
+        if self._single_from is not None:
+            keep = min(keep, self._single_from)
+        return keep
+
+    @_locked
     def eval_branches(
         self,
         prefix: Sequence[int],
@@ -356,6 +406,7 @@ class Model(abc.ABC):
             results.append(EvalOutput(logits=logits, positions=[-1, *out.positions], hidden=hid))
         return results
 
+    @_locked
     def layer_states(
         self,
         requests: Sequence[StatesRequest],
@@ -406,18 +457,9 @@ class Model(abc.ABC):
             return []
         return self._layer_states(checked, layer, [(a, float(s)) for a, s in loras])
 
-    def load_decision_adapter(self, path: str | os.PathLike[str]) -> DecisionAdapter:
-        """Load a Dec adapter (pointer head, optional LoRA) for :func:`pocket_agent.decide`.
-
-        ``path`` is an adapter folder, a ``.zip`` of one or a bare ``head.safetensors``.
-        An adapter made for another base model raises :class:`AdapterError`.
-        """
-        from ..decision.adapter import load_decision_adapter
-
-        return load_decision_adapter(self, path)
-
     # -- adapters ----------------------------------------------------------------------
 
+    @_locked
     def open_lora(self, path: str | Path) -> LoraAdapter:
         """Load a LoRA adapter without applying it to generation (for :meth:`layer_states`)."""
         adapter = self._new_lora(path, 0.0)
@@ -433,6 +475,7 @@ class Model(abc.ABC):
             raise AdapterError(f"LoRA adapter file not found: {p}")
         return LoraAdapter(path=p, scale=float(scale), handle=self._load_lora(p))
 
+    @_locked
     def close_lora(self, adapter: LoraAdapter) -> None:
         """Free an adapter from :meth:`open_lora`."""
         self._check_open()
@@ -442,6 +485,7 @@ class Model(abc.ABC):
         self._open_loras = [a for a in self._open_loras if a is not adapter]
         self._free_lora(adapter)
 
+    @_locked
     def load_lora(self, path: str | Path, *, scale: float = 1.0) -> LoraAdapter:
         """Load a LoRA adapter (GGUF for llama.cpp, .mnn for MNN) and apply it at ``scale``."""
         adapter = self._new_lora(path, scale)
@@ -449,6 +493,7 @@ class Model(abc.ABC):
         self._apply_loras()
         return adapter
 
+    @_locked
     def set_lora_scale(self, adapter: LoraAdapter, scale: float) -> None:
         """Rescale a loaded adapter; 0 turns it off without unloading it."""
         self._check_open()
@@ -457,6 +502,7 @@ class Model(abc.ABC):
         adapter.scale = float(scale)
         self._apply_loras()
 
+    @_locked
     def remove_lora(self, adapter: LoraAdapter) -> None:
         """Unload an adapter; the model then computes base logits again."""
         self._check_open()
@@ -472,6 +518,7 @@ class Model(abc.ABC):
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    @_locked
     def close(self) -> None:
         """Free native memory. Further use raises :class:`ModelStateError`."""
         if not self._closed:

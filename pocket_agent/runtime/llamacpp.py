@@ -24,6 +24,7 @@ from ..errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
+from ._cpu import cpu_flags, decide_extra_buffers, default_threads, extra_buffers_setting, note_decision
 from ._llamacpp_context import context_params
 from ._llamacpp_states import StateReader
 from .base import (
@@ -105,7 +106,16 @@ class LlamaCppModel(Model):
         n_batch: int = DEFAULT_N_BATCH,
         n_seq: int = DEFAULT_N_SEQ,
         flash_attn: bool = False,
+        extra_buffers: bool | None = None,
     ) -> None:
+        """Load ``path``.
+
+        ``extra_buffers``: let llama.cpp put weights in its extra buffer types (AMX,
+        repacked layouts). ``None`` (the default) decides from the CPU: off where llama.cpp
+        would use Intel AMX, whose buffer crashes the process on the first prompt; the
+        environment variable ``POCKET_AGENT_EXTRA_BUFFERS`` (``1``/``0``/``auto``) sets it
+        for every load.
+        """
         super().__init__()
         p = Path(path)
         _check_gguf_file(p)
@@ -116,8 +126,11 @@ class LlamaCppModel(Model):
         self._batch: Any = None
         self._states: StateReader | None = None
 
+        buffers = decide_extra_buffers(system_info(), cpu_flags(), extra_buffers_setting(extra_buffers))
+        note_decision(buffers)
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = buffers.use_extra_buffers
         _recent_log.clear()
         model = lc.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
         if not model:
@@ -168,7 +181,11 @@ class LlamaCppModel(Model):
             n_embd=self._n_embd,
             file_size=p.stat().st_size,
             chat_template_source="",
-            extra={"threads": str(threads), "quantization": self._file_type()},
+            extra={
+                "threads": str(threads),
+                "quantization": self._file_type(),
+                "extra buffers": buffers.reason,
+            },
             n_layer=self._n_layer,
         )
         tmpl = self._read_chat_template()
@@ -454,10 +471,7 @@ def _check_gguf_file(p: Path) -> None:
         raise ModelLoadError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes).")
 
 
-def default_threads() -> int:
-    """Threads to use when the caller gives none: the cores this process may run on."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        n = os.cpu_count() or 1
-    return max(1, n)
+def system_info() -> str:
+    """llama.cpp's system info string (the CPU features its build uses)."""
+    raw = _llama_cpp().llama_print_system_info()
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)

@@ -84,7 +84,6 @@ def load_model(
     backend: Backend | None = None,
     threads: int | None = None,
     n_ctx: int | None = None,
-    decision_adapter: str | os.PathLike[str] | None = None,
     **backend_options: Any,
 ) -> Model:
     """Load a model.
@@ -93,13 +92,15 @@ def load_model(
         source: a ``.gguf`` file, an MNN build's ``config.json`` or its folder. ``None``
             uses ``$POCKET_AGENT_MODEL``, else the embedded default model.
         backend: ``"llamacpp"`` or ``"mnn"`` to override detection.
-        threads: CPU threads (default: all cores this process may use).
+        threads: CPU threads (default: ``$POCKET_AGENT_THREADS``, else the cores this process
+            may use: CPU affinity, the cgroup's CPU quota and ``$OMP_NUM_THREADS`` respected).
         n_ctx: context window in tokens (default: the model's, capped at 4096).
-        decision_adapter: a Dec adapter (folder, ``.zip`` or ``head.safetensors``) that
-            :func:`pocket_agent.decide` should use with this model; see
-            :meth:`Model.load_decision_adapter`.
-        backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` for
-            llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
+        backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` and
+            ``extra_buffers`` for llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
+            ``extra_buffers=False`` keeps GGUF weights out of llama.cpp's extra buffer types
+            (AMX, repacked layouts); the default decides from the CPU and turns them off
+            where llama.cpp would use Intel AMX, which crashes on prompts
+            (``$POCKET_AGENT_EXTRA_BUFFERS=1|0|auto`` sets it for every load).
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")
@@ -121,12 +122,6 @@ def load_model(
         from .mnn import MnnModel
 
         model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
-    if decision_adapter is not None:
-        try:
-            model.load_decision_adapter(decision_adapter)
-        except BaseException:
-            model.close()
-            raise
     return model
 
 

@@ -27,9 +27,9 @@ from ..errors import (
     ModelNotFoundError,
     ModelStateError,
 )
+from ._cpu import default_threads
 from .base import Capabilities, EvalOutput, Model, ModelInfo, Vocabulary
 from .chat_template import ChatTemplate, chatml_template
-from .llamacpp import default_threads
 
 DEFAULT_N_CTX = 4096
 _live_lock = threading.Lock()

@@ -14,22 +14,13 @@ print(result.final, [s.tool_calls for s in result.steps])
 ```
 """
 
-from .agent import (
-    DEFAULT_MAX_RESULT_CHARS,
-    Agent,
-    AgentEvent,
-    RunResult,
-    Step,
-    ToolResult,
-    Usage,
-)
-from .errors import AgentError, MaxStepsExceeded
+from ..errors import AgentError, MaxStepsExceeded
+from .agent import Agent, AgentEvent, RunResult, Step, ToolResult
 from .format import ToolCall, ToolChoice, build_grammar, parse_turn
 from .schema import normalize_schema, parse_docstring
 from .tool import Tool, as_tool, tool
 
 __all__ = [
-    "DEFAULT_MAX_RESULT_CHARS",
     "Agent",
     "AgentError",
     "AgentEvent",
@@ -40,7 +31,6 @@ __all__ = [
     "ToolCall",
     "ToolChoice",
     "ToolResult",
-    "Usage",
     "as_tool",
     "build_grammar",
     "normalize_schema",

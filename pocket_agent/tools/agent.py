@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..errors import GenerationError, InvalidInputError, OutputBudgetExceeded, ToolArgumentError
-from ..generate import GenerationStats, SamplingParams, stream_tokens
-from .errors import MaxStepsExceeded
+from ..errors import GenerationError, InvalidInputError, MaxStepsExceeded, OutputBudgetExceeded, ToolArgumentError
+from ..generate import stream_tokens
+from ..options import Limits, Sampling, resolve_limits, resolve_sampling
+from ..runtime.prompt import encode_pieces
+from ..usage import Usage
 from .format import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -36,7 +39,6 @@ from .format import (
     output_schema,
     parse_turn,
     render_messages,
-    tokenize_prompt,
 )
 from .routing import Router, Routing, last_user_text, neutral_messages
 from .tool import Tool, as_tool
@@ -46,18 +48,6 @@ if TYPE_CHECKING:
 
     from ..grammars.compiler import CompiledGrammar
     from ..runtime import ChatTemplate, Model
-
-DEFAULT_MAX_RESULT_CHARS = 2000
-"""Tool results longer than this many characters are cut before the model sees them."""
-
-DEFAULT_STEP_TOKENS = 512
-"""Token budget of one assistant turn."""
-
-DEFAULT_MAX_STRING_CHARS = 256
-"""Free string arguments are closed by the grammar after this many characters."""
-
-DEFAULT_MAX_ARRAY_ITEMS = 16
-"""Argument arrays are closed by the grammar after this many items."""
 
 ResultStatus = Literal["ok", "error", "denied", "timeout"]
 
@@ -91,7 +81,8 @@ class Step:
 
     ``text`` is the raw model output. ``final`` is the answer (text, or the ``output`` object)
     when the turn made no calls. ``results`` is empty until the calls are executed
-    (:meth:`Agent.step` never executes them). ``call_probability`` is the model's
+    (:meth:`Agent.step` never executes them). ``usage`` counts the turn's tokens and time
+    (tool time included once the calls ran). ``call_probability`` is the model's
     probability of starting a call when the turn was routed (``tool_choice="auto"``);
     ``routing`` holds the scored decision (:class:`~pocket_agent.tools.routing.Routing`:
     the choice and a probability for answering and for each tool).
@@ -102,12 +93,7 @@ class Step:
     tool_calls: list[ToolCall]
     final: Any = None
     results: list[ToolResult] = field(default_factory=list)
-    prompt_tokens: int = 0
-    prompt_tokens_evaluated: int = 0
-    completion_tokens: int = 0
-    forced_tokens: int = 0
-    generation_s: float = 0.0
-    tools_s: float = 0.0
+    usage: Usage = field(default_factory=Usage)
     finish_reason: str = ""
     call_probability: float | None = None
     routing: Routing | None = None
@@ -119,36 +105,6 @@ class Step:
 
 
 @dataclass
-class Usage:
-    """Totals over a run."""
-
-    steps: int = 0
-    tool_calls: int = 0
-    prompt_tokens: int = 0
-    prompt_tokens_evaluated: int = 0
-    completion_tokens: int = 0
-    forced_tokens: int = 0
-    generation_s: float = 0.0
-    tools_s: float = 0.0
-
-    @property
-    def total_s(self) -> float:
-        """Generation plus tool time, in seconds."""
-        return self.generation_s + self.tools_s
-
-    def add(self, step: Step) -> None:
-        """Count one step into the totals."""
-        self.steps += 1
-        self.tool_calls += len(step.tool_calls)
-        self.prompt_tokens += step.prompt_tokens
-        self.prompt_tokens_evaluated += step.prompt_tokens_evaluated
-        self.completion_tokens += step.completion_tokens
-        self.forced_tokens += step.forced_tokens
-        self.generation_s += step.generation_s
-        self.tools_s += step.tools_s
-
-
-@dataclass
 class RunResult:
     """The outcome of :meth:`Agent.run`: the ``final`` answer, every step, totals, and the
     conversation (``messages``, OpenAI style) to continue from."""
@@ -157,6 +113,11 @@ class RunResult:
     steps: list[Step]
     usage: Usage
     messages: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, final: Any, steps: list[Step], messages: list[dict[str, Any]]) -> RunResult:
+        """A result whose usage is the sum of its steps'."""
+        return cls(final=final, steps=steps, usage=sum((s.usage for s in steps), Usage()), messages=messages)
 
 
 EventKind = Literal["text", "step", "tool_call", "tool_result", "final"]
@@ -193,13 +154,8 @@ def _to_content(value: Any) -> str:
     """A tool's return value as text for the model."""
     if isinstance(value, str):
         return value
-    try:
-        from pydantic import BaseModel
-
-        if isinstance(value, BaseModel):
-            return value.model_dump_json()
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     try:
@@ -215,6 +171,19 @@ def truncate(text: str, limit: int) -> tuple[str, bool]:
     return text[:limit] + f"\n[truncated: showing {limit} of {len(text)} characters]", True
 
 
+def _tool_table(tools: Iterable[Any]) -> dict[str, Tool]:
+    """Tools by name, each converted with :func:`as_tool`; names must be unique."""
+    if isinstance(tools, (str, bytes, Mapping)) or callable(tools):
+        tools = [tools]
+    table: dict[str, Tool] = {}
+    for obj in tools:
+        t = as_tool(obj)
+        if t.name in table:
+            raise InvalidInputError(f"Two tools are named {t.name!r}; tool names must be unique.")
+        table[t.name] = t
+    return table
+
+
 class Agent:
     """A tool-calling loop over a local model whose tool calls are always well-formed.
 
@@ -227,10 +196,6 @@ class Agent:
         output: type of the final answer: ``None`` for text, or a Pydantic model / type /
             JSON Schema dict (the answer is then generated as JSON of that schema and
             returned validated).
-        max_steps: most model turns in one :meth:`run`; past it :class:`MaxStepsExceeded`
-            is raised with the steps so far.
-        tool_timeout: seconds a tool may run; a slower call becomes an error observation
-            (its thread is abandoned, not killed). ``None``: no limit.
         tool_choice: ``"auto"``, ``"required"``, ``"none"`` or a tool name. ``required`` and
             a tool name apply to the first turn of a run only (then ``auto``), so a run can
             end; ``none`` applies to every turn.
@@ -240,10 +205,14 @@ class Agent:
         confirm: callback asked before running a tool marked ``confirm=True``; it gets the
             :class:`ToolCall` and returns True to allow it. Without a callback such calls are
             denied.
-        max_result_chars: budget for each tool result shown to the model; longer results
-            are truncated with a note.
-        max_tokens: token budget of one assistant turn.
         sampling: how tokens are chosen (default greedy).
+        limits: ``max_tokens`` of one turn, ``max_steps`` of a run, ``tool_timeout``
+            (a slower call becomes an error observation; its thread is abandoned, not
+            killed), ``max_result_chars`` (longer tool results are truncated with a note),
+            and the grammar's caps on free string arguments (``max_string_chars``) and
+            argument arrays (``max_array_items``) that keep a looping small model from
+            filling a turn inside one value; see :class:`~pocket_agent.Limits`.
+        max_tokens: shortcut for ``limits.max_tokens``.
         call_threshold: under ``tool_choice="auto"``, decide between calling and answering
             by a fixed threshold instead of ``routing``: the turn is constrained to tool
             calls when the model puts at least this probability on starting a call (among
@@ -258,11 +227,6 @@ class Agent:
             user's last message (a parameter opts out with ``"x-grounded": false``), when
             that message has words; ``"all"``: numbers too must be numbers it prints;
             ``False``: arguments follow the schemas only.
-        max_string_chars: the turn grammar closes a free string argument after this many
-            characters (a looping small model would otherwise fill the turn's budget inside
-            one string); calls stay schema-valid. ``None``: no cap. Strings with their own
-            ``maxLength``/``enum``/``pattern``/``format`` keep their constraint.
-        max_array_items: the same bound for the items of argument arrays.
         chat_template: render prompts with this template instead of the model's own (e.g.
             :func:`pocket_agent.runtime.chatml_template` for the Qwen tool format).
     """
@@ -273,49 +237,28 @@ class Agent:
         model: Model | str | None = None,
         instructions: str | None = None,
         output: Any = None,
-        max_steps: int = 8,
-        tool_timeout: float | None = None,
         *,
         tool_choice: str = "auto",
         parallel_tool_calls: bool = True,
         max_parallel_calls: int = 8,
         confirm: ConfirmCallback | None = None,
-        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
-        max_tokens: int = DEFAULT_STEP_TOKENS,
-        sampling: SamplingParams | None = None,
+        sampling: Sampling | None = None,
+        limits: Limits | None = None,
+        max_tokens: int | None = None,
         call_threshold: float | None = None,
-        max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
-        max_array_items: int | None = DEFAULT_MAX_ARRAY_ITEMS,
         chat_template: ChatTemplate | None = None,
         routing: Literal["scored", "sample"] = "scored",
         grounded: bool | Literal["strings", "all"] = True,
     ) -> None:
-        if isinstance(tools, (str, bytes, Mapping)) or callable(tools):
-            tools = [tools]
-        self.tools: dict[str, Tool] = {}
-        for obj in tools:
-            t = as_tool(obj)
-            if t.name in self.tools:
-                raise InvalidInputError(f"Two tools are named {t.name!r}; tool names must be unique.")
-            self.tools[t.name] = t
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise InvalidInputError(f"max_steps must be a positive integer, got {max_steps!r}.")
-        if tool_timeout is not None and (not isinstance(tool_timeout, (int, float)) or tool_timeout <= 0):
-            raise InvalidInputError(f"tool_timeout must be a positive number of seconds or None, got {tool_timeout!r}.")
-        if not isinstance(max_parallel_calls, int) or max_parallel_calls < 1:
+        self.tools = _tool_table(tools)
+        self.limits = resolve_limits(limits, max_tokens=max_tokens)
+        self.sampling = resolve_sampling(sampling)
+        if isinstance(max_parallel_calls, bool) or not isinstance(max_parallel_calls, int) or max_parallel_calls < 1:
             raise InvalidInputError(f"max_parallel_calls must be a positive integer, got {max_parallel_calls!r}.")
-        if not isinstance(max_result_chars, int) or max_result_chars < 1:
-            raise InvalidInputError(f"max_result_chars must be a positive integer, got {max_result_chars!r}.")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidInputError("instructions must be a string.")
         if call_threshold is not None and not (isinstance(call_threshold, (int, float)) and 0 <= call_threshold <= 1):
             raise InvalidInputError(f"call_threshold must be a probability in [0, 1] or None, got {call_threshold!r}.")
-        if max_string_chars is not None and (not isinstance(max_string_chars, int) or max_string_chars < 1):
-            raise InvalidInputError(f"max_string_chars must be a positive integer or None, got {max_string_chars!r}.")
-        if max_array_items is not None and (not isinstance(max_array_items, int) or max_array_items < 1):
-            raise InvalidInputError(f"max_array_items must be a positive integer or None, got {max_array_items!r}.")
         if confirm is not None and not callable(confirm):
             raise InvalidInputError("confirm must be a callable taking a ToolCall and returning a bool.")
         if routing not in ("scored", "sample"):
@@ -331,20 +274,17 @@ class Agent:
         self.instructions = instructions
         self.output = output
         self._output_schema = output_schema(output)
-        self.max_steps = max_steps
-        self.tool_timeout = None if tool_timeout is None else float(tool_timeout)
         self.parallel_tool_calls = parallel_tool_calls
         self.max_parallel_calls = max_parallel_calls
         self.confirm = confirm
-        self.max_result_chars = max_result_chars
-        self.max_tokens = max_tokens
-        self.sampling = sampling or SamplingParams()
         self.call_threshold = None if call_threshold is None else float(call_threshold)
         self.chat_template = chat_template
-        self.max_string_chars = max_string_chars
-        self.max_array_items = max_array_items
         self._grammars: dict[str, CompiledGrammar] = {}
         self._start_sets: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+
+    @property
+    def max_steps(self) -> int:
+        return self.limits.max_steps
 
     # -- model and grammar -------------------------------------------------------------------
 
@@ -365,8 +305,8 @@ class Agent:
             tool_choice=self.tool_choice if tool_choice is None else tool_choice,
             output=self._output_schema,
             max_calls=self.max_parallel_calls if self.parallel_tool_calls else 1,
-            max_string_chars=self.max_string_chars,
-            max_array_items=self.max_array_items,
+            max_string_chars=self.limits.max_string_chars,
+            max_array_items=self.limits.max_array_items,
             model=self.model,
             ground_text=ground_text,
             ground_numbers=self.grounded == "all",
@@ -441,7 +381,7 @@ class Agent:
 
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], *, tool_choice: str | None = None) -> list[int]:
         """Token ids of the prompt for the next turn after ``messages``."""
-        text, data = render_messages(
+        pieces = render_messages(
             self.model,
             messages,
             list(self.tools.values()),
@@ -449,7 +389,7 @@ class Agent:
             show_tools=bool(self.tools),
             template=self.chat_template,
         )
-        return tokenize_prompt(self.model, text, data)
+        return encode_pieces(self.model, pieces)
 
     def call_probability(self, ids: Sequence[int]) -> float:
         """Probability the model gives to starting a tool call after the prompt ``ids``,
@@ -463,7 +403,6 @@ class Agent:
     def _turn(self, messages: Sequence[Mapping[str, Any]], index: int, tool_choice: str) -> Iterator[AgentEvent]:
         model = self.model
         ids = self.prompt_ids(messages)
-        t0 = time.perf_counter()
         p_call: float | None = None
         routed: Routing | None = None
         if tool_choice == "auto" and self.tools and self.call_threshold is not None:
@@ -474,14 +413,12 @@ class Agent:
             p_call = routed.call_probability
             tool_choice = "required" if routed.calls else "none"
         grammar = self._turn_grammar(tool_choice, messages)
-        stats = GenerationStats()
+        usage = Usage()
         tokens: list[int] = []
         finish = "grammar"
         watcher = _RepeatWatcher()
         cut: int | None = None
-        gen = stream_tokens(
-            model, ids, grammar=grammar, max_tokens=self.max_tokens, sampling=self.sampling, stats=stats
-        )
+        gen = stream_tokens(model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage)
         try:
             while True:
                 try:
@@ -512,7 +449,6 @@ class Agent:
             finish = "length"
         finally:
             gen.close()
-        elapsed = time.perf_counter() - t0
         text = model.decode(tokens)
         if cut is not None:
             text = watcher.text[:cut]
@@ -525,11 +461,7 @@ class Agent:
             text=text,
             tool_calls=parsed.calls,
             final=final,
-            prompt_tokens=stats.prompt_tokens,
-            prompt_tokens_evaluated=stats.prompt_tokens_evaluated,
-            completion_tokens=stats.completion_tokens,
-            forced_tokens=stats.forced_tokens,
-            generation_s=elapsed,
+            usage=usage,
             finish_reason=finish,
             call_probability=p_call,
             routing=routed,
@@ -548,13 +480,11 @@ class Agent:
         data = json.loads(text)
         out = self.output
         try:
-            from pydantic import BaseModel, TypeAdapter
-
             if isinstance(out, type) and issubclass(out, BaseModel):
                 return out.model_validate(data)
             if out is not None and not isinstance(out, Mapping):
                 return TypeAdapter(out).validate_python(data)
-        except Exception as exc:  # pydantic.ValidationError
+        except ValidationError as exc:
             raise GenerationError(f"The final answer does not validate against the output type: {exc}") from exc
         return data
 
@@ -568,9 +498,10 @@ class Agent:
         messages = self._messages(task_or_messages)
         choice = self.tool_choice if tool_choice is None else check_tool_choice(tool_choice, self.tools)
         step: Step | None = None
-        for ev in self._turn(messages, 0, choice):
-            if ev.kind == "step":
-                step = ev.step
+        with self.model.lock:
+            for ev in self._turn(messages, 0, choice):
+                if ev.kind == "step":
+                    step = ev.step
         assert step is not None
         return step
 
@@ -582,7 +513,7 @@ class Agent:
         t0 = time.perf_counter()
 
         def done(status: ResultStatus, content: str, *, output: Any = None, error: str | None = None) -> ToolResult:
-            text, cut = truncate(content, self.max_result_chars)
+            text, cut = truncate(content, self.limits.max_result_chars)
             return ToolResult(
                 call=call,
                 status=status,
@@ -613,11 +544,12 @@ class Agent:
             if not approved:
                 msg = f"The call to {call.name} was not run: {reason}."
                 return done("denied", f"Error: {msg}", error=msg)
-        status, value, err = _run_with_timeout(lambda: tool.call_validated(kwargs), self.tool_timeout, call.name)
+        timeout = self.limits.tool_timeout
+        status, value, err = _run_with_timeout(lambda: tool.call_validated(kwargs), timeout, call.name)
         if status == "ok":
             return done("ok", _to_content(value), output=value)
         if status == "timeout":
-            msg = f"{call.name} did not finish within {self.tool_timeout:g} s and was abandoned."
+            msg = f"{call.name} did not finish within {timeout:g} s and was abandoned."
             return done("timeout", f"Error: {msg}", error=msg)
         assert err is not None
         msg = f"{type(err).__name__}: {err}"
@@ -627,8 +559,11 @@ class Agent:
 
     def _loop(self, task: str | Sequence[Mapping[str, Any]]) -> Iterator[AgentEvent]:
         messages = self._messages(task)
+        with self.model.lock:  # one run at a time per model, tool calls included
+            yield from self._steps(messages)
+
+    def _steps(self, messages: list[dict[str, Any]]) -> Iterator[AgentEvent]:
         steps: list[Step] = []
-        usage = Usage()
         choice = self.tool_choice
         for index in range(self.max_steps):
             step: Step | None = None
@@ -641,9 +576,8 @@ class Agent:
                 choice = "auto"
             steps.append(step)
             if step.is_final:
-                usage.add(step)
                 messages.append({"role": "assistant", "content": step.text})
-                result = RunResult(final=step.final, steps=steps, usage=usage, messages=messages)
+                result = RunResult.of(step.final, steps, messages)
                 yield AgentEvent("final", index, run=result)
                 return
             messages.append(
@@ -656,10 +590,11 @@ class Agent:
                 step.results.append(res)
                 messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": res.content})
                 yield AgentEvent("tool_result", index, call=call, result=res)
-            step.tools_s = time.perf_counter() - t0
-            usage.add(step)
+            step.usage.tools_s += time.perf_counter() - t0
+            step.usage.tool_calls += len(step.tool_calls)
         raise MaxStepsExceeded(
-            f"The agent took {self.max_steps} steps without a final answer; raise max_steps or simplify the task. "
+            f"The agent took {self.max_steps} steps without a final answer; raise limits.max_steps or simplify the "
+            f"task. "
             f"The steps so far are on .steps.",
             steps=steps,
             messages=messages,

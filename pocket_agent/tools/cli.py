@@ -66,7 +66,7 @@ def _ask(call: ToolCall) -> bool:
 def _print_event(ev: AgentEvent) -> None:
     if ev.kind == "step" and ev.step is not None:
         st = ev.step
-        head = f"step {st.index + 1}: {st.completion_tokens} tokens in {st.generation_s:.1f}s"
+        head = f"step {st.index + 1}: {st.usage.completion_tokens} tokens in {st.usage.generation_s:.1f}s"
         if st.call_probability is not None:
             head += f" (P(call)={st.call_probability:.3f})"
         print(head, flush=True)
@@ -81,6 +81,7 @@ def _print_event(ev: AgentEvent) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the agent on ``args.task`` and print every step and the final answer."""
+    from ..options import Limits
     from ..runtime import load_model
     from .agent import Agent
 
@@ -88,16 +89,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     for spec in args.tools or []:
         tools.extend(load_tools(spec))
     task = args.task if args.task != "-" else sys.stdin.read()
+    limits = Limits(max_steps=args.max_steps, max_tokens=args.max_tokens, tool_timeout=args.tool_timeout)
     model = load_model(args.model, threads=args.threads)
     agent = Agent(
         tools,
         model=model,
         instructions=args.instructions,
-        max_steps=args.max_steps,
-        tool_timeout=args.tool_timeout,
         tool_choice=args.tool_choice,
         confirm=(lambda call: True) if args.yes else _ask,
-        max_tokens=args.max_tokens,
+        limits=limits,
         call_threshold=args.call_threshold,
     )
     result = agent.run(task, on_event=_print_event)
@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         final = final.model_dump_json()
     print(f"answer: {final}")
     print(
-        f"[{u.steps} steps, {u.tool_calls} tool calls, {u.prompt_tokens_evaluated} prompt tokens evaluated, "
+        f"[{len(result.steps)} steps, {u.tool_calls} tool calls, {u.prompt_tokens_evaluated} prompt tokens evaluated, "
         f"{u.completion_tokens} generated, {u.total_s:.1f}s]",
         file=sys.stderr,
     )

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import InvalidInputError, ToolArgumentError
 from ..grammars.schema import cap_lengths
+from ..runtime.prompt import PromptData, render_pieces
 from .tool import Tool
 
 if TYPE_CHECKING:
@@ -288,17 +289,15 @@ def parse_turn(text: str, tools: Mapping[str, Tool] | None = None, *, call_id_pr
 # --- prompts --------------------------------------------------------------------------------
 
 
-def tools_system_block(specs: Sequence[Mapping[str, Any]]) -> str:
-    """The Qwen-style tools block for templates that have no ``tools`` variable."""
-    body = "".join("\n" + json.dumps(s, ensure_ascii=False) for s in specs)
+def tools_system_block(specs: Sequence[Mapping[str, Any]], data: PromptData) -> str:
+    """The Qwen-style tools block for templates that have no ``tools`` variable (the specs as data)."""
+    body = "".join("\n" + data.slot(json.dumps(s, ensure_ascii=False)) for s in specs)
     return TOOLS_PREAMBLE + body + TOOLS_POSTAMBLE
 
 
-_SENTINEL = "\ue000pocket-agent-data-{}\ue001"
-_SENTINEL_RE = re.compile("\ue000pocket-agent-data-(\\d+)\ue001")
-
-
-def _calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
+def _calls_text(calls: Sequence[Mapping[str, Any]], data: PromptData) -> str:
+    """Tool calls written out in the call format: the markers are template text, the call
+    JSON is data (a call read back from a client's history may hold anything)."""
     parts = []
     for c in calls:
         fn = c.get("function", c)
@@ -308,8 +307,8 @@ def _calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
                 args = json.loads(args)
             except json.JSONDecodeError:
                 pass
-        parts.append(CALL_OPEN + "\n" + json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False))
-        parts[-1] += "\n" + CALL_CLOSE
+        body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+        parts.append(f"{CALL_OPEN}\n{data.slot(body)}\n{CALL_CLOSE}")
     return "\n".join(parts)
 
 
@@ -321,18 +320,18 @@ def render_messages(
     instructions: str | None = None,
     show_tools: bool = True,
     template: ChatTemplate | None = None,
-) -> tuple[str, list[str]]:
+) -> list[tuple[str, bool]]:
     """Render a tool conversation with the model's chat template.
 
-    Returns the prompt text, in which the content of every ``tool`` message is replaced by a
-    placeholder, and the list of those contents (see :func:`tokenize_prompt`): tool results
-    are data, so they are tokenized as plain text and can never inject control tokens.
-    ``template`` overrides the model's own chat template.
+    Returns the prompt as ``(text, is_data)`` pieces (see
+    :func:`pocket_agent.runtime.prompt.render_pieces`): message contents, tool results,
+    call arguments and tool specs are data, tokenized as plain text, so none of them can
+    inject control tokens. ``template`` overrides the model's own chat template.
     """
     template = template or model.chat_template
+    data = PromptData()
     specs = [t.to_openai() for t in tools] if show_tools else []
     msgs: list[dict[str, Any]] = [dict(m) for m in messages]
-    data: list[str] = []
     system_parts = []
     if instructions:
         system_parts.append(instructions)
@@ -342,54 +341,32 @@ def render_messages(
             system_parts.append(str(first["content"]))
     native = template.supports_tools
     for m in msgs:
+        content = m.get("content")
         if m.get("role") == "tool":
-            content = m.get("content")
-            data.append(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
-            m["content"] = _SENTINEL.format(len(data) - 1)
+            text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
             if not native:
-                m["content"] = f"{RESPONSE_OPEN}\n{m['content']}\n{RESPONSE_CLOSE}"
+                m["content"] = f"{RESPONSE_OPEN}\n{data.slot(text)}\n{RESPONSE_CLOSE}"
+            else:
+                m["content"] = text
         elif m.get("role") == "assistant" and m.get("tool_calls") and not native:
-            text = m.get("content") or ""
-            calls = _calls_text(m["tool_calls"])
-            m["content"] = (text + "\n" + calls) if text else calls
+            calls = _calls_text(m["tool_calls"], data)
+            m["content"] = (data.slot(content) + "\n" + calls) if isinstance(content, str) and content else calls
             del m["tool_calls"]
         if m.get("content") is None:
             m["content"] = ""
     if native:
         if system_parts:
             msgs.insert(0, {"role": "system", "content": "\n\n".join(system_parts)})
-        text = template.render(msgs, add_generation_prompt=True, tools=specs or None)
-    else:
-        system = "\n\n".join(system_parts) if system_parts else DEFAULT_SYSTEM
-        if specs:
-            system = system + "\n\n" + tools_system_block(specs)
-        msgs.insert(0, {"role": "system", "content": system})
-        try:
-            text = template.render(msgs, add_generation_prompt=True)
-        except InvalidInputError:
-            # Templates that only know user/assistant: results go back as user turns.
-            for m in msgs:
-                if m.get("role") == "tool":
-                    m["role"] = "user"
-            text = template.render(msgs, add_generation_prompt=True)
-    return text, data
-
-
-def tokenize_prompt(model: Model, text: str, data: Sequence[str]) -> list[int]:
-    """Token ids of a rendered prompt: template text with special tokens parsed, the data
-    (tool results) as plain text; a BOS is added when the model wants one."""
-    ids: list[int] = []
-    pos = 0
-    for m in _SENTINEL_RE.finditer(text):
-        if m.start() > pos:
-            ids.extend(model.tokenize(text[pos : m.start()], special=True))
-        piece = data[int(m.group(1))]
-        if piece:
-            ids.extend(model.tokenize(piece, special=False))
-        pos = m.end()
-    if pos < len(text):
-        ids.extend(model.tokenize(text[pos:], special=True))
-    vocab = model.vocab
-    if vocab.add_bos and vocab.bos_id is not None and (not ids or ids[0] != vocab.bos_id):
-        ids = [vocab.bos_id, *ids]
-    return ids
+        return render_pieces(template, msgs, tools=specs or None, data=data)
+    system = data.slot("\n\n".join(system_parts) if system_parts else DEFAULT_SYSTEM)
+    if specs:
+        system = system + "\n\n" + tools_system_block(specs, data)
+    msgs.insert(0, {"role": "system", "content": system})
+    try:
+        return render_pieces(template, msgs, data=data)
+    except InvalidInputError:
+        # Templates that only know user/assistant: results go back as user turns.
+        for m in msgs:
+            if m.get("role") == "tool":
+                m["role"] = "user"
+        return render_pieces(template, msgs, data=data)
