@@ -40,7 +40,7 @@ from .format import (
     parse_turn,
     render_messages,
 )
-from .routing import Router, Routing, last_user_text, neutral_messages
+from .routing import Router, Routing, call_key, last_user_text, neutral_messages
 from .tool import Tool, as_tool
 
 if TYPE_CHECKING:
@@ -200,7 +200,8 @@ class Agent:
             a tool name apply to the first turn of a run only (then ``auto``), so a run can
             end; ``none`` applies to every turn.
         parallel_tool_calls: allow several calls in one turn (at most ``max_parallel_calls``;
-            a call that repeats an earlier one of the same turn verbatim ends the turn).
+            a call that repeats an earlier one of the same turn ends the turn; a call to the
+            same tool that changes only enum or boolean arguments counts as a repeat).
         max_parallel_calls: most calls in one turn.
         confirm: callback asked before running a tool marked ``confirm=True``; it gets the
             :class:`ToolCall` and returns True to allow it. Without a callback such calls are
@@ -336,6 +337,12 @@ class Agent:
         neutral = self.prompt_ids(neutral_messages(messages))
         return self._router.route(self.model, list(self.tools.values()), ids, neutral, self._start_token_sets)
 
+    def _call_key(self, body: str) -> str | None:
+        """What makes a call new: its tool and the arguments not picked from the schema's
+        choices (a second call changing only an enum or boolean, e.g. ``unit``, adds nothing
+        the user asked for and ends the turn like a verbatim repeat)."""
+        return call_key(body, self.tools)
+
     def _start_token_sets(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         if self._start_sets is None:
             from ..grammars import allowed_tokens
@@ -416,7 +423,7 @@ class Agent:
         usage = Usage()
         tokens: list[int] = []
         finish = "grammar"
-        watcher = _RepeatWatcher()
+        watcher = _RepeatWatcher(self._call_key)
         cut: int | None = None
         gen = stream_tokens(model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage)
         try:
@@ -632,12 +639,14 @@ class Agent:
 
 
 class _RepeatWatcher:
-    """Watches a turn's text and reports where a tool call repeats an earlier one verbatim."""
+    """Watches a turn's text and reports where a tool call repeats an earlier one: verbatim,
+    or (with ``key``) in every argument that does not come from the schema's choices."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[str], str | None] | None = None) -> None:
         self.text = ""
         self._closed = 0
         self._seen: list[str] = []
+        self._key = key
 
     def feed(self, piece: str) -> int | None:
         self.text += piece
@@ -650,6 +659,8 @@ class _RepeatWatcher:
         if start < 0:
             return None
         body = " ".join(self.text[start + len(CALL_OPEN) : end].split())
+        if self._key is not None:
+            body = self._key(body) or body
         if body in self._seen:
             return len(self.text[:start].rstrip("\n"))
         self._seen.append(body)

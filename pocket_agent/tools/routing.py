@@ -208,3 +208,26 @@ class Router:
             self._neutral[key] = neutral
         question = option_log_probs(model, prompt, tools, first_allowed, call_first, self._call_tokens)
         return decide_route(question, neutral, bias=self.bias)
+
+
+def _choice_valued(schema: Any) -> bool:
+    """Whether a parameter's value comes from the schema's choices (enum, const, boolean)."""
+    if not isinstance(schema, Mapping):
+        return False
+    t = schema.get("type")
+    return "enum" in schema or "const" in schema or t == "boolean"
+
+
+def call_key(body: str, tools: Mapping[str, Tool]) -> str | None:
+    """A call's identity for repeat detection: its name and the arguments whose values do
+    not come from the schema's choices. ``None`` when ``body`` is not a call object."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("arguments"), dict):
+        return None
+    tool = tools.get(str(obj.get("name")))
+    props = tool.parameters.get("properties", {}) if tool is not None else {}
+    kept = {k: v for k, v in obj["arguments"].items() if not _choice_valued(props.get(k))}
+    return json.dumps([obj.get("name"), kept], sort_keys=True, ensure_ascii=False)
