@@ -394,9 +394,13 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "calibrated against a content-free question, one constant `CALL_BIAS` fitted by `bench/bfcl_calibrate.py` "
         "on rows 15-29 of every category, disjoint from the rows scored here), string arguments grounded in the "
         "question; "
-        f"*ours+thr* = the same with `call_threshold={meta['threshold']}` (call when the model puts at least "
-        "that probability on starting a call; chosen on rows 15-29 of the dev split, disjoint from the rows "
-        "scored here); *peer* = llama-cpp-python `chatml-function-calling`, tool_choice auto, with a one-line "
+        + (
+            f"*ours+thr* = the same with `call_threshold={meta['threshold']}` (call when the model puts at least "
+            "that probability on starting a call); "
+            if "ours+thr" in names
+            else ""
+        )
+        + "*peer* = llama-cpp-python `chatml-function-calling`, tool_choice auto, with a one-line "
         "system message (the handler shows tools only then), temperature 0, every completion capped at the "
         "token cap (its argument completions otherwise ignore `max_tokens`).",
         "",
