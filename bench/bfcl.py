@@ -145,6 +145,7 @@ class Outcome:
     wellformed: bool = True
     seconds: float = 0.0
     error: str = ""
+    routing: dict[str, float] = field(default_factory=dict)
 
 
 def load_rows(category: str, n: int) -> list[dict[str, Any]]:
@@ -155,6 +156,8 @@ def load_rows(category: str, n: int) -> list[dict[str, Any]]:
 
 
 def run_ours(model: Any, row: dict[str, Any], max_tokens: int, call_threshold: float | None = None) -> Outcome:
+    """The DEFAULT agent (scored routing, grounded arguments); ``call_threshold`` only for the
+    optional ``ours+thr`` comparison column."""
     from pocket_agent.errors import PocketAgentError
     from pocket_agent.tools import Agent, Tool
 
@@ -165,7 +168,10 @@ def run_ours(model: Any, row: dict[str, Any], max_tokens: int, call_threshold: f
         step = agent.step(row["question"][0])
     except PocketAgentError as exc:
         return Outcome(calls=[], seconds=time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:200])
-    return Outcome(calls=[(c.name, c.arguments) for c in step.tool_calls], seconds=time.perf_counter() - t0)
+    out = Outcome(calls=[(c.name, c.arguments) for c in step.tool_calls], seconds=time.perf_counter() - t0)
+    if step.routing is not None:
+        out.routing = {k: round(v, 3) for k, v in step.routing.scores.items()}
+    return out
 
 
 def make_peer(model_path: Path, threads: int, max_tokens: int) -> Any:
@@ -306,6 +312,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
                     "unparsed": len(o.calls) - len(parsed),
                     "seconds": round(o.seconds, 2),
                     "error": o.error,
+                    "routing": o.routing,
                 }
             records.append(rec)
             if args.verbose:
@@ -366,6 +373,12 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
             f"{irr}/{len(irrel)} | {errs} |"
         )
     v = meta["versions"]
+    slow = sum(1 for r in records if r["ours"]["seconds"] > 10)
+    beh.append("")
+    beh.append(
+        f"Questions over 10 s (ours): {slow}/{len(records)}; "
+        f"slowest {max(r['ours']['seconds'] for r in records):.1f} s."
+    )
     md = [
         "# BFCL function calling: pocket_agent vs llama-cpp-python `chatml-function-calling`",
         "",
@@ -376,11 +389,18 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"Machine: {meta['machine']}. Run time {meta['minutes']} min for all systems.",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         "",
-        "Systems: *ours* = `Agent(tools).step(question)` (tool_choice auto: the model's own greedy choice "
-        "between answering and calling); "
-        f"*ours+thr* = the same with `call_threshold={meta['threshold']}` (call when the model puts at least "
-        "that probability on starting a call; chosen on rows 15-29 of the dev split, disjoint from the rows "
-        "scored here); *peer* = llama-cpp-python `chatml-function-calling`, tool_choice auto, with a one-line "
+        "Systems: *ours* = the default `Agent(tools).step(question)`: tool_choice auto, routed by the scored "
+        "decision of `pocket_agent.tools.routing` (the model's probability of answering and of each tool's call, "
+        "calibrated against a content-free question, one constant `CALL_BIAS` fitted by `bench/bfcl_calibrate.py` "
+        "on rows 15-29 of every category, disjoint from the rows scored here), string arguments grounded in the "
+        "question; "
+        + (
+            f"*ours+thr* = the same with `call_threshold={meta['threshold']}` (call when the model puts at least "
+            "that probability on starting a call); "
+            if "ours+thr" in names
+            else ""
+        )
+        + "*peer* = llama-cpp-python `chatml-function-calling`, tool_choice auto, with a one-line "
         "system message (the handler shows tools only then), temperature 0, every completion capped at the "
         "token cap (its argument completions otherwise ignore `max_tokens`).",
         "",
@@ -398,8 +418,9 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "",
         *beh,
         "",
-        "SmolLM2-135M was not tuned on the Qwen `<tool_call>` format, so left to itself it rarely starts a call "
-        "(*ours*), which is right only on `irrelevance`. The peer's first grammar offers only "
+        "SmolLM2-135M was not tuned on the Qwen `<tool_call>` format, so left to sample its first token it rarely "
+        "starts a call (0/50 on the call categories before routing; see git history of this file). The peer's "
+        "first grammar offers only "
         "`functions.<name>:` or `message:`, and this model mostly picks a function, on call categories and "
         "`irrelevance` alike. `call_threshold` decides by the model's probability of starting a call instead "
         "of its argmax token. Every call our grammar admitted was schema-valid; the peer's failures are "
@@ -419,8 +440,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument(
         "--threshold",
         type=float,
-        default=0.005,
-        help="also run ours with Agent(call_threshold=T) (chosen on rows 15-29, disjoint from --n <= 15); 0: skip",
+        default=0.0,
+        help="also run ours with Agent(call_threshold=T) (the old opt-in threshold, e.g. 0.005); 0: skip",
     )
     ap.add_argument("--max-tokens", type=int, default=192, help="token cap per turn (ours) / per completion (peer)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python's handler")

@@ -472,18 +472,23 @@ def _compile_error(spec: GrammarSpec, message: str) -> SchemaError:
     return SchemaError(f"Invalid {what}: {text}")
 
 
-def compile_spec(spec: GrammarSpec, model: Model | None = None) -> CompiledGrammar:
-    """Compile a :class:`GrammarSpec` for ``model``'s vocabulary (cached)."""
+def compile_spec(spec: GrammarSpec, model: Model | None = None, *, cache: bool = True) -> CompiledGrammar:
+    """Compile a :class:`GrammarSpec` for ``model``'s vocabulary (cached).
+
+    ``cache=False`` neither reads nor fills the cache: for one-off grammars (e.g. one
+    grounded in a single document) that would only push reusable ones out.
+    """
     global _hits, _misses
     entry = _entry_for(_resolve(model))
     key = spec.grammar
-    with entry.lock:
-        hit = entry.grammars.get(key)
-        if hit is not None:
-            entry.grammars.move_to_end(key)
-            _hits += 1
-            return hit
-        _misses += 1
+    if cache:
+        with entry.lock:
+            hit = entry.grammars.get(key)
+            if hit is not None:
+                entry.grammars.move_to_end(key)
+                _hits += 1
+                return hit
+            _misses += 1
     t0 = time.perf_counter()
     proto = llg.LLMatcher(entry.tokenizer, spec.grammar, log_level=0, limits=_LIMITS)
     if not proto.is_error():
@@ -494,7 +499,7 @@ def compile_spec(spec: GrammarSpec, model: Model | None = None) -> CompiledGramm
         raise _compile_error(spec, proto.get_error())
     compiled = CompiledGrammar(spec, entry, proto, time.perf_counter() - t0)
     with entry.lock:
-        if _cache_size > 0:
+        if cache and _cache_size > 0:
             entry.grammars[key] = compiled
             while len(entry.grammars) > _cache_size:
                 entry.grammars.popitem(last=False)

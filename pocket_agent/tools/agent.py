@@ -40,6 +40,7 @@ from .format import (
     parse_turn,
     render_messages,
 )
+from .routing import Router, Routing, call_key, last_user_text, neutral_messages
 from .tool import Tool, as_tool
 
 if TYPE_CHECKING:
@@ -81,8 +82,10 @@ class Step:
     ``text`` is the raw model output. ``final`` is the answer (text, or the ``output`` object)
     when the turn made no calls. ``results`` is empty until the calls are executed
     (:meth:`Agent.step` never executes them). ``usage`` counts the turn's tokens and time
-    (tool time included once the calls ran). ``call_probability`` is set when the agent's
-    ``call_threshold`` decided between calling and answering.
+    (tool time included once the calls ran). ``call_probability`` is the model's
+    probability of starting a call when the turn was routed (``tool_choice="auto"``);
+    ``routing`` holds the scored decision (:class:`~pocket_agent.tools.routing.Routing`:
+    the choice and a probability for answering and for each tool).
     """
 
     index: int
@@ -93,6 +96,7 @@ class Step:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str = ""
     call_probability: float | None = None
+    routing: Routing | None = None
 
     @property
     def is_final(self) -> bool:
@@ -196,7 +200,8 @@ class Agent:
             a tool name apply to the first turn of a run only (then ``auto``), so a run can
             end; ``none`` applies to every turn.
         parallel_tool_calls: allow several calls in one turn (at most ``max_parallel_calls``;
-            a call that repeats an earlier one of the same turn verbatim ends the turn).
+            a call that repeats an earlier one of the same turn ends the turn; a call to the
+            same tool that changes only enum or boolean arguments counts as a repeat).
         max_parallel_calls: most calls in one turn.
         confirm: callback asked before running a tool marked ``confirm=True``; it gets the
             :class:`ToolCall` and returns True to allow it. Without a callback such calls are
@@ -210,11 +215,19 @@ class Agent:
             filling a turn inside one value; see :class:`~pocket_agent.Limits`.
         max_tokens: shortcut for ``limits.max_tokens``.
         call_threshold: under ``tool_choice="auto"``, decide between calling and answering
-            by probability mass instead of the first sampled token: the turn is constrained
-            to tool calls when the model puts at least this probability on starting a call
-            (among the tokens the turn grammar allows), else to an answer. ``None`` (the
-            default) leaves the choice to sampling. Small models that rarely start a call on
-            their own (SmolLM2-135M puts 0.1-5% on it) benefit from a threshold like 0.005.
+            by a fixed threshold instead of ``routing``: the turn is constrained to tool
+            calls when the model puts at least this probability on starting a call (among
+            the tokens the turn grammar allows), else to an answer. ``None`` (the default):
+            ``routing`` decides.
+        routing: how a ``tool_choice="auto"`` turn chooses between answering and calling:
+            ``"scored"`` (default) scores answering and each tool by the model's own
+            probability of the continuation that commits to it, calibrated against a
+            content-free question (:mod:`pocket_agent.tools.routing`), and constrains the
+            turn to the winner; ``"sample"`` leaves it to the first sampled token.
+        grounded: ``True`` (default): string arguments must be verbatim spans of the
+            user's last message (a parameter opts out with ``"x-grounded": false``), when
+            that message has words; ``"all"``: numbers too must be numbers it prints;
+            ``False``: arguments follow the schemas only.
         chat_template: render prompts with this template instead of the model's own (e.g.
             :func:`pocket_agent.runtime.chatml_template` for the Qwen tool format).
     """
@@ -235,6 +248,8 @@ class Agent:
         max_tokens: int | None = None,
         call_threshold: float | None = None,
         chat_template: ChatTemplate | None = None,
+        routing: Literal["scored", "sample"] = "scored",
+        grounded: bool | Literal["strings", "all"] = True,
     ) -> None:
         self.tools = _tool_table(tools)
         self.limits = resolve_limits(limits, max_tokens=max_tokens)
@@ -247,6 +262,13 @@ class Agent:
             raise InvalidInputError(f"call_threshold must be a probability in [0, 1] or None, got {call_threshold!r}.")
         if confirm is not None and not callable(confirm):
             raise InvalidInputError("confirm must be a callable taking a ToolCall and returning a bool.")
+        if routing not in ("scored", "sample"):
+            raise InvalidInputError(f"routing must be 'scored' or 'sample', got {routing!r}.")
+        if grounded not in (True, False, "strings", "all"):
+            raise InvalidInputError(f"grounded must be True, False, 'strings' or 'all', got {grounded!r}.")
+        self.routing = routing
+        self.grounded = grounded
+        self._router = Router()
         self.tool_choice = check_tool_choice(tool_choice, self.tools)
         self._model_arg = model
         self._model: Model | None = None
@@ -276,8 +298,9 @@ class Agent:
             self._model = resolve_model(self._model_arg)
         return self._model
 
-    def grammar_text(self, tool_choice: str | None = None) -> str:
-        """The Lark grammar that constrains one turn under ``tool_choice``."""
+    def grammar_text(self, tool_choice: str | None = None, *, ground_text: str | None = None) -> str:
+        """The Lark grammar that constrains one turn under ``tool_choice`` (with string
+        arguments grounded in ``ground_text`` when given)."""
         return build_grammar(
             list(self.tools.values()),
             tool_choice=self.tool_choice if tool_choice is None else tool_choice,
@@ -286,7 +309,48 @@ class Agent:
             max_string_chars=self.limits.max_string_chars,
             max_array_items=self.limits.max_array_items,
             model=self.model,
+            ground_text=ground_text,
+            ground_numbers=self.grounded == "all",
         )
+
+    def _turn_grammar(self, choice: str, messages: Sequence[Mapping[str, Any]]) -> CompiledGrammar:
+        """The cached grammar for ``choice``, or one grounded in the user's last message."""
+        text = last_user_text(messages) if self.grounded and choice != "none" and self.tools else None
+        if text is None:
+            return self.grammar(choice)
+        from ..grammars import GrammarSpec, compile_spec
+
+        lark = self.grammar_text(choice, ground_text=text)
+        if lark == self.grammar_text(choice):
+            return self.grammar(choice)
+        import llguidance as llg
+
+        spec = GrammarSpec("lark", llg.LLMatcher.grammar_from_lark(lark), source=lark)
+        return compile_spec(spec, self.model, cache=False)
+
+    def route(self, messages: Sequence[Mapping[str, Any]]) -> Routing:
+        """The scored decision between answering and each tool for the next turn after
+        ``messages`` (what ``routing="scored"`` uses; nothing is generated)."""
+        if not self.tools:
+            raise InvalidInputError("Routing needs at least one tool.")
+        ids = self.prompt_ids(messages)
+        neutral = self.prompt_ids(neutral_messages(messages))
+        return self._router.route(self.model, list(self.tools.values()), ids, neutral, self._start_token_sets)
+
+    def _call_key(self, body: str) -> str | None:
+        """What makes a call new: its tool and the arguments not picked from the schema's
+        choices (a second call changing only an enum or boolean, e.g. ``unit``, adds nothing
+        the user asked for and ends the turn like a verbatim repeat)."""
+        return call_key(body, self.tools)
+
+    def _start_token_sets(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        if self._start_sets is None:
+            from ..grammars import allowed_tokens
+
+            auto = allowed_tokens(self.grammar("auto").matcher().compute_mask())
+            calls = allowed_tokens(self.grammar("required").matcher().compute_mask())
+            self._start_sets = (auto, calls)
+        return self._start_sets
 
     def grammar(self, tool_choice: str | None = None) -> CompiledGrammar:
         """The compiled turn grammar for this agent's model (cached per tool choice)."""
@@ -337,13 +401,7 @@ class Agent:
     def call_probability(self, ids: Sequence[int]) -> float:
         """Probability the model gives to starting a tool call after the prompt ``ids``,
         among the tokens the ``auto`` turn grammar allows first."""
-        if self._start_sets is None:
-            from ..grammars import allowed_tokens
-
-            auto = allowed_tokens(self.grammar("auto").matcher().compute_mask())
-            calls = allowed_tokens(self.grammar("required").matcher().compute_mask())
-            self._start_sets = (auto, calls)
-        auto_ids, call_ids = self._start_sets
+        auto_ids, call_ids = self._start_token_sets()
         logits = self.model.prefill(list(ids)).logits[-1].astype(np.float64)
         top = float(logits[auto_ids].max())
         total = float(np.exp(logits[auto_ids] - top).sum())
@@ -353,14 +411,19 @@ class Agent:
         model = self.model
         ids = self.prompt_ids(messages)
         p_call: float | None = None
+        routed: Routing | None = None
         if tool_choice == "auto" and self.tools and self.call_threshold is not None:
             p_call = self.call_probability(ids)
             tool_choice = "required" if p_call >= self.call_threshold else "none"
-        grammar = self.grammar(tool_choice)
+        elif tool_choice == "auto" and self.tools and self.routing == "scored":
+            routed = self.route(messages)
+            p_call = routed.call_probability
+            tool_choice = "required" if routed.calls else "none"
+        grammar = self._turn_grammar(tool_choice, messages)
         usage = Usage()
         tokens: list[int] = []
         finish = "grammar"
-        watcher = _RepeatWatcher()
+        watcher = _RepeatWatcher(self._call_key)
         cut: int | None = None
         gen = stream_tokens(model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage)
         try:
@@ -408,6 +471,7 @@ class Agent:
             usage=usage,
             finish_reason=finish,
             call_probability=p_call,
+            routing=routed,
         )
         yield AgentEvent("step", index, step=step)
 
@@ -575,12 +639,14 @@ class Agent:
 
 
 class _RepeatWatcher:
-    """Watches a turn's text and reports where a tool call repeats an earlier one verbatim."""
+    """Watches a turn's text and reports where a tool call repeats an earlier one: verbatim,
+    or (with ``key``) in every argument that does not come from the schema's choices."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[str], str | None] | None = None) -> None:
         self.text = ""
         self._closed = 0
         self._seen: list[str] = []
+        self._key = key
 
     def feed(self, piece: str) -> int | None:
         self.text += piece
@@ -593,6 +659,8 @@ class _RepeatWatcher:
         if start < 0:
             return None
         body = " ".join(self.text[start + len(CALL_OPEN) : end].split())
+        if self._key is not None:
+            body = self._key(body) or body
         if body in self._seen:
             return len(self.text[:start].rstrip("\n"))
         self._seen.append(body)

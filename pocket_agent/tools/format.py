@@ -147,6 +147,8 @@ def build_grammar(
     max_string_chars: int | None = None,
     max_array_items: int | None = None,
     model: Model | None = None,
+    ground_text: str | None = None,
+    ground_numbers: bool = False,
 ) -> str:
     """The Lark grammar (llguidance dialect) for one assistant turn.
 
@@ -157,7 +159,11 @@ def build_grammar(
     parallel calls). ``max_string_chars`` and ``max_array_items`` bound argument strings
     and arrays (see :func:`cap_lengths`): the grammar then closes a string or array that runs
     on, and every call it admits still matches the tool's schema. With ``model``, call markers
-    that are special tokens in its vocabulary are matched as those tokens.
+    that are special tokens in its vocabulary are matched as those tokens. With
+    ``ground_text`` (the user's request), plain string arguments must be verbatim spans of
+    it, and with ``ground_numbers`` numbers must be numbers it prints (see
+    :mod:`pocket_agent.grammars.grounding`; a tool parameter opts out with
+    ``"x-grounded": false``).
     """
     by_name = {t.name: t for t in tools}
     choice = check_tool_choice(tool_choice, by_name)
@@ -199,7 +205,17 @@ def build_grammar(
             params = t.parameters
             if max_string_chars is not None or max_array_items is not None:
                 params = cap_lengths(params, max_chars=max_string_chars, max_items=max_array_items)
-            lines.append(f"args_{i}: {_json_rule(params)}")
+            grounded = None
+            if ground_text:
+                from ..grammars.grounding import Layout, grounded_rules
+
+                layout = Layout(JSON_LAYOUT["item_separator"], JSON_LAYOUT["key_separator"])
+                grounded = grounded_rules(params, ground_text, prefix=f"a{i}", numbers=ground_numbers, layout=layout)
+            if grounded is None:
+                lines.append(f"args_{i}: {_json_rule(params)}")
+            else:
+                lines.append(f"args_{i}: {grounded[0]}")
+                lines.extend(grounded[1])
     return "\n".join(lines) + "\n"
 
 

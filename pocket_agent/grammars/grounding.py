@@ -1,0 +1,433 @@
+"""Grounded JSON: string values that must be verbatim spans of a source text.
+
+A small model asked to "copy the invoice number" invents one as readily as it copies it.
+:func:`grounded_grammar` turns a JSON Schema into an llguidance Lark grammar in which each
+*grounded* string is constrained to a contiguous span of a source text (llguidance's
+``%regex {"substring_chunks": ...}``), and each grounded number to one of the numbers
+printed in it, while every other value keeps its JSON Schema constraint (``%json``).
+
+Which values are grounded (:func:`is_grounded`):
+
+* a string schema with no ``enum``, ``const``, ``pattern`` or ``format`` is grounded,
+  unless it says ``"x-grounded": false`` (Pydantic:
+  ``Field(json_schema_extra={"x-grounded": False})``);
+* a ``number``/``integer`` schema is grounded only when ``numbers=True`` is asked for or
+  it says ``"x-grounded": true``;
+* ``"x-grounded": true`` on a string with a ``pattern``/``format`` is ignored (the two
+  constraints are not combined).
+
+How a span is written:
+
+* the source is read as words, punctuation and single spaces: every run of whitespace
+  (line breaks included) becomes one space, so a value may span lines ("12 Harbour
+  Road, Leeds") and never holds a line break;
+* a span starts and ends on a word or punctuation character (no surrounding spaces)
+  and is not empty; ``maxLength``/``minLength`` still apply;
+* the text is JSON-escaped chunk by chunk, so quotes and backslashes in the source come
+  out as valid JSON escapes of the same characters.
+
+A grounded number is one of the numbers printed in the source, written as a JSON number
+(``1,234.50`` becomes ``1234.50``; a ``-`` directly before the digits is kept), among
+those within the schema's bounds; when the source prints none that fit, the value falls
+back to its plain JSON Schema constraint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GROUNDED_KEY = "x-grounded"
+"""Schema keyword that switches grounding on (``true``) or off (``false``) for a value."""
+
+_UNGROUNDABLE = ("enum", "const", "pattern", "format")
+_CHUNK = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
+_NUMBER = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """JSON separators of the generated text (``extract`` writes compact JSON)."""
+
+    item_separator: str = ","
+    key_separator: str = ":"
+
+    def guidance(self) -> dict[str, Any]:
+        return {
+            "whitespace_flexible": False,
+            "item_separator": self.item_separator,
+            "key_separator": self.key_separator,
+        }
+
+
+COMPACT = Layout()
+
+
+def normalize_space(text: str) -> str:
+    """``text`` with every whitespace run as one space, trimmed (how spans are read)."""
+    return " ".join(text.split())
+
+
+def span_chunks(text: str) -> list[str]:
+    """The chunks a grounded span is made of, JSON-escaped: words, single punctuation
+    characters and single spaces of the whitespace-normalised ``text``."""
+    out = []
+    for piece in _CHUNK.findall(normalize_space(text)):
+        out.append(json.dumps(piece, ensure_ascii=False)[1:-1])
+    return out
+
+
+def number_options(text: str, *, integer: bool = False) -> list[str]:
+    """The numbers printed in ``text`` as JSON number texts, in order of first appearance.
+
+    Thousands separators are dropped, leading zeros removed (``007`` -> ``7``); decimals are
+    kept as printed (``9.00``). With ``integer`` only numbers printed without decimals count.
+    """
+    seen: dict[str, None] = {}
+    for m in _NUMBER.finditer(text):
+        raw = m.group(0).replace(",", "")
+        neg = raw.startswith("-")
+        body = raw[1:] if neg else raw
+        whole, _, frac = body.partition(".")
+        if integer and frac:
+            continue
+        whole = whole.lstrip("0") or "0"
+        lit = ("-" if neg else "") + whole + ("." + frac if frac else "")
+        if lit in ("-0", "-0." + frac):
+            lit = lit[1:]
+        seen.setdefault(lit, None)
+    return list(seen)
+
+
+def _in_bounds(value: float, node: Mapping[str, Any]) -> bool:
+    lo, hi = node.get("minimum"), node.get("maximum")
+    xlo, xhi = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
+    if isinstance(lo, (int, float)) and value < lo:
+        return False
+    if isinstance(hi, (int, float)) and value > hi:
+        return False
+    if isinstance(xlo, (int, float)) and not isinstance(xlo, bool) and value <= xlo:
+        return False
+    if isinstance(xhi, (int, float)) and not isinstance(xhi, bool) and value >= xhi:
+        return False
+    mult = node.get("multipleOf")
+    if isinstance(mult, (int, float)) and mult > 0:
+        q = value / mult
+        if abs(q - round(q)) > 1e-9:
+            return False
+    return True
+
+
+def _types(node: Mapping[str, Any]) -> set[str]:
+    t = node.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    return set()
+
+
+def is_grounded(node: Mapping[str, Any], *, strings: bool = True, numbers: bool = False) -> bool:
+    """Whether a (resolved) value schema is grounded under the given defaults."""
+    flag = node.get(GROUNDED_KEY)
+    if flag is False:
+        return False
+    types = _types(node)
+    if len(types) != 1 or any(k in node for k in _UNGROUNDABLE):
+        return False
+    if types == {"string"}:
+        return strings or flag is True
+    if types & {"number", "integer"}:
+        return numbers or flag is True
+    return False
+
+
+class _Builder:
+    """Walks the schema and writes the Lark rules; ``None`` from :meth:`value` means the
+    subschema holds nothing grounded (it is then embedded whole as ``%json``)."""
+
+    def __init__(
+        self, root: Mapping[str, Any], text: str, strings: bool, numbers: bool, layout: Layout, prefix: str = "g"
+    ) -> None:
+        self.root = root
+        self.prefix = prefix
+        self.text = text
+        self.strings = strings
+        self.numbers = numbers
+        self.layout = layout
+        self.rules: list[str] = []
+        self.terminals: dict[str, str] = {}
+        self.count = 0
+        self.chunks: list[str] | None = None
+        self.grounded = 0
+        self.defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root.get(k), Mapping)}
+        self._active: set[str] = set()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"{self.prefix}_{stem}_{self.count}"
+
+    def resolve(self, node: Mapping[str, Any]) -> Mapping[str, Any]:
+        seen = 0
+        while isinstance(node.get("$ref"), str) and seen < 32:
+            ref = node["$ref"]
+            if not ref.startswith("#/"):
+                return node
+            cur: Any = self.root
+            for part in ref[2:].split("/"):
+                part = part.replace("~1", "/").replace("~0", "~")
+                if not isinstance(cur, Mapping) or part not in cur:
+                    return node
+                cur = cur[part]
+            if not isinstance(cur, Mapping):
+                return node
+            extra = {k: v for k, v in node.items() if k != "$ref"}
+            node = {**cur, **extra}
+            seen += 1
+        return node
+
+    def json_rule(self, node: Mapping[str, Any]) -> str:
+        doc = dict(node)
+        for k, v in self.defs.items():
+            doc.setdefault(k, v)
+        doc["x-guidance"] = {**self.layout.guidance(), **dict(doc.get("x-guidance") or {})}
+        name = self.name("j")
+        self.rules.append(f"{name}: %json " + json.dumps(doc, ensure_ascii=False))
+        return name
+
+    @staticmethod
+    def lit(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False)
+
+    # -- grounded leaves ---------------------------------------------------------------------
+
+    def span_terminal(self, node: Mapping[str, Any]) -> str | None:
+        if self.chunks is None:
+            self.chunks = span_chunks(self.text)
+        if not self.chunks:
+            return None
+        lo = node.get("minLength")
+        hi = node.get("maxLength")
+        lo_i = int(lo) if isinstance(lo, int) and lo > 0 else 1
+        key = f"{lo_i}:{hi}"
+        if key in self.terminals:
+            return self.terminals[key]
+        name = f"{self.prefix.upper()}_SPAN_{len(self.terminals)}"
+        # the span itself; then: no space at either end, and the length bounds
+        body = "%regex " + json.dumps({"substring_chunks": self.chunks}, ensure_ascii=False)
+        edges = r"/[^ ]|[^ ](?s:.*)[^ ]/"
+        parts = [f"{name}_RAW: {body}", f"{name}_EDGE: {edges}"]
+        bound = ""
+        if lo_i > 1 or isinstance(hi, int):
+            upper = str(hi) if isinstance(hi, int) else ""
+            parts.append(f"{name}_LEN: /(?s:.){{{lo_i},{upper}}}/")
+            bound = f" & {name}_LEN"
+        parts.append(f'{name}: "\\"" ({name}_RAW & {name}_EDGE{bound}) "\\""')
+        self.rules.extend(parts)
+        self.terminals[key] = name
+        return name
+
+    def number_rule(self, node: Mapping[str, Any]) -> str | None:
+        integer = "integer" in _types(node)
+        opts = [o for o in number_options(self.text, integer=integer) if _in_bounds(float(o), node)]
+        if not opts:
+            return None
+        name = self.name("num")
+        self.rules.append(f"{name}: " + " | ".join(self.lit(o) for o in opts))
+        return name
+
+    # -- structure ---------------------------------------------------------------------------
+
+    def value(self, raw: Mapping[str, Any]) -> str | None:
+        ref = raw.get("$ref")
+        if isinstance(ref, str):
+            if ref in self._active:  # recursive schema: keep the rest as plain JSON
+                return None
+            self._active.add(ref)
+            try:
+                return self._value(self.resolve(raw))
+            finally:
+                self._active.discard(ref)
+        return self._value(raw)
+
+    def _value(self, node: Mapping[str, Any]) -> str | None:
+        if is_grounded(node, strings=self.strings, numbers=self.numbers):
+            types = _types(node)
+            rule = self.span_terminal(node) if types == {"string"} else self.number_rule(node)
+            if rule is not None:
+                self.grounded += 1
+            return rule
+        for key in ("anyOf", "oneOf"):
+            branches = node.get(key)
+            if isinstance(branches, list) and set(node) <= {key, "title", "description", "default", GROUNDED_KEY}:
+                return self.alternatives(branches, node)
+        types = _types(node)
+        if types == {"object"} or (not types and "properties" in node):
+            return self.obj(node)
+        if types == {"array"}:
+            return self.array(node)
+        return None
+
+    def alternatives(self, branches: Sequence[Any], parent: Mapping[str, Any]) -> str | None:
+        if any(not isinstance(b, Mapping) for b in branches):
+            return None
+        inherit = {GROUNDED_KEY: parent[GROUNDED_KEY]} if GROUNDED_KEY in parent else {}
+        rendered = [self.value({**inherit, **b}) for b in branches]
+        if all(r is None for r in rendered):
+            return None
+        alts = [r if r is not None else self.json_rule(b) for r, b in zip(rendered, branches, strict=True)]
+        name = self.name("alt")
+        self.rules.append(f"{name}: " + " | ".join(alts))
+        return name
+
+    def obj(self, node: Mapping[str, Any]) -> str | None:
+        props = node.get("properties")
+        if not isinstance(props, Mapping) or not props:
+            return None
+        if node.get("additionalProperties", False) is not False or any(
+            k in node for k in ("patternProperties", "allOf", "if", "dependentRequired", "dependentSchemas", "not")
+        ):
+            return None
+        if "minProperties" in node or "maxProperties" in node or "unevaluatedProperties" in node:
+            return None
+        required = set(node.get("required") or [])
+        items = []
+        any_grounded = False
+        for key, sub in props.items():
+            if not isinstance(sub, Mapping):
+                return None
+            r = self.value(sub)
+            any_grounded = any_grounded or r is not None
+            items.append((key, sub, r))
+        if not any_grounded:
+            return None
+        sep, ksep = self.lit(self.layout.item_separator), self.lit(self.layout.key_separator)
+        members = []
+        for key, sub, r in items:
+            rule = r if r is not None else self.json_rule(sub)
+            members.append((f"{self.lit(json.dumps(key, ensure_ascii=False))} {ksep} {rule}", key in required))
+        name = self.name("obj")
+        # body_i: the members from i on, each preceded by the separator
+        tails = [self.name("tail") for _ in members]
+        for i, (m, req) in enumerate(members):
+            rest = f" {tails[i + 1]}" if i + 1 < len(members) else ""
+            part = f"{sep} {m}" if req else f"({sep} {m})?"
+            self.rules.append(f"{tails[i]}: {part}{rest}")
+        # the first member present: every member before it optional
+        starts = []
+        for i, (m, req) in enumerate(members):
+            rest = f" {tails[i + 1]}" if i + 1 < len(members) else ""
+            starts.append(f"{m}{rest}")
+            if req:
+                break
+        else:
+            starts.append("")
+        body = " | ".join(f'"{{" {s} "}}"' if s else '"{" "}"' for s in starts)
+        self.rules.append(f"{name}: {body}")
+        return name
+
+    def array(self, node: Mapping[str, Any]) -> str | None:
+        items = node.get("items")
+        if not isinstance(items, Mapping) or any(
+            k in node for k in ("prefixItems", "contains", "uniqueItems", "unevaluatedItems")
+        ):
+            return None
+        inner = self.value(items)
+        if inner is None:
+            return None
+        lo = node.get("minItems", 0)
+        hi = node.get("maxItems")
+        lo_i = int(lo) if isinstance(lo, int) else 0
+        sep = self.lit(self.layout.item_separator)
+        name = self.name("arr")
+        more_lo = max(lo_i - 1, 0)
+        more_hi = "" if not isinstance(hi, int) else str(max(hi - 1, 0))
+        seq = f"{inner} ({sep} {inner}){{{more_lo},{more_hi}}}"
+        if isinstance(hi, int) and hi == 0:
+            self.rules.append(f'{name}: "[" "]"')
+        elif lo_i == 0:
+            self.rules.append(f'{name}: "[" ({seq})? "]"')
+        else:
+            self.rules.append(f'{name}: "[" {seq} "]"')
+        return name
+
+
+def grounded_grammar(
+    schema: Mapping[str, Any],
+    text: str,
+    *,
+    strings: bool = True,
+    numbers: bool = False,
+    layout: Layout | None = None,
+) -> str | None:
+    """An llguidance Lark grammar for ``schema`` whose grounded values come from ``text``.
+
+    Returns ``None`` when nothing in the schema is grounded (or the text has no words),
+    so the caller keeps its plain (cached) JSON Schema grammar. ``strings``/``numbers`` are
+    the defaults for plain strings and numbers; ``"x-grounded"`` on a value overrides them.
+    ``layout`` defaults to the separators in the schema's top-level ``x-guidance`` (else
+    compact ``,`` and ``:``).
+    Objects must be closed (``additionalProperties: false``) to be walked; anything the
+    walker does not handle is embedded as ``%json`` with its usual constraint.
+    """
+    if layout is None:
+        opts = schema.get("x-guidance")
+        opts = opts if isinstance(opts, Mapping) else {}
+        layout = Layout(str(opts.get("item_separator", ",")), str(opts.get("key_separator", ":")))
+    b = _Builder(schema, text, strings, numbers, layout)
+    top = b.value(schema)
+    if top is None or b.grounded == 0:
+        return None
+    head = "%llguidance {}\n" + f"start: {top}\n"
+    return head + "\n".join(b.rules) + "\n"
+
+
+def grounded_rules(
+    schema: Mapping[str, Any],
+    text: str,
+    *,
+    prefix: str,
+    strings: bool = True,
+    numbers: bool = False,
+    layout: Layout = COMPACT,
+) -> tuple[str, list[str]] | None:
+    """The rules of :func:`grounded_grammar` without a ``start``, to embed in a larger
+    grammar: ``(top rule name, rule lines)``; names start with ``prefix`` (a lowercase
+    identifier unique in the host grammar). ``None`` when nothing is grounded."""
+    b = _Builder(schema, text, strings, numbers, layout, prefix)
+    top = b.value(schema)
+    if top is None or b.grounded == 0:
+        return None
+    return top, b.rules
+
+
+def grounded_values(schema: Mapping[str, Any], data: Any, *, strings: bool = True) -> list[tuple[str, str]]:
+    """``(path, value)`` of every grounded string in ``data`` (for checks and tests)."""
+    b = _Builder(schema, "", strings, False, COMPACT)
+    out: list[tuple[str, str]] = []
+
+    def walk(node: Mapping[str, Any], value: Any, path: str) -> None:
+        node = b.resolve(node)
+        if isinstance(value, str) and is_grounded(node, strings=strings):
+            out.append((path, value))
+            return
+        for key in ("anyOf", "oneOf"):
+            for br in node.get(key) or []:
+                if isinstance(br, Mapping):
+                    walk(br, value, path)
+        if isinstance(value, dict) and isinstance(node.get("properties"), Mapping):
+            for k, v in value.items():
+                sub = node["properties"].get(k)
+                if isinstance(sub, Mapping):
+                    walk(sub, v, f"{path}/{k}")
+        if isinstance(value, list) and isinstance(node.get("items"), Mapping):
+            for i, v in enumerate(value):
+                walk(node["items"], v, f"{path}/{i}")
+
+    walk(schema, data, "#")
+    return out

@@ -1,0 +1,205 @@
+"""Grounded extraction: values copied verbatim from the document, on real models.
+
+The grammar-level properties are checked exhaustively on random documents (what the
+compiled grammar accepts); the generation-level ones run the real models.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, Field
+
+from pocket_agent import extract, extract_many, extract_stream
+from pocket_agent.errors import InvalidInputError
+from pocket_agent.grammars import Lark, compile_grammar
+from pocket_agent.grammars.grounding import (
+    grounded_grammar,
+    grounded_values,
+    is_grounded,
+    normalize_space,
+    number_options,
+    span_chunks,
+)
+from pocket_agent.grounding import Extraction
+from pocket_agent.runtime import Model
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+class Card(BaseModel):
+    name: str = Field(description="the person's name")
+    city: str = Field(description="the city")
+    code: str = Field(default="", pattern=r"^[A-Z]{2}$", description="a two-letter code")
+    note: str = Field(description="free comment", json_schema_extra={"x-grounded": False})
+    age: int = Field(description="age in years")
+
+
+def _schema() -> dict[str, Any]:
+    from pocket_agent.grammars import close_objects
+
+    return close_objects(Card.model_json_schema())  # type: ignore[no-any-return]
+
+
+def test_which_fields_are_grounded() -> None:
+    props = _schema()["properties"]
+    assert is_grounded(props["name"]) and is_grounded(props["city"])
+    assert not is_grounded(props["code"])  # pattern
+    assert not is_grounded(props["note"])  # opted out
+    assert not is_grounded(props["age"])  # numbers only on request
+    assert is_grounded(props["age"], numbers=True)
+    assert not is_grounded({"type": "string", "enum": ["a"]})
+    assert not is_grounded({"type": "string", "format": "date"})
+
+
+def test_chunks_are_json_escaped_and_whitespace_normalised() -> None:
+    doc = 'He said "hi"\\there\n\n  next\tline'
+    chunks = span_chunks(doc)
+    assert "".join(chunks) == json.dumps(normalize_space(doc))[1:-1]
+    assert "\\n" not in "".join(chunks)
+    assert number_options("TOTAL 1,234.50 and 007 and -3 but INV-2041 x9") == ["1234.50", "7", "-3", "2041"]
+    assert number_options("9.00 and 12", integer=True) == ["12"]
+
+
+def test_nothing_grounded_means_no_special_grammar() -> None:
+    schema = {"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "additionalProperties": False}
+    assert grounded_grammar(schema, "some text") is None
+    assert grounded_grammar(_schema(), "   ") is None
+
+
+WORDS = st.lists(
+    st.sampled_from(["ACME", "Ltd", "INV-2041", "Leeds", '"quoted"', "back\\slash", "€uro", "12.50", ",", "."]),
+    min_size=1,
+    max_size=12,
+)
+SEPS = st.lists(st.sampled_from([" ", "\n", "  ", "\t", ", "]), min_size=12, max_size=12)
+
+
+def _doc(words: list[str], seps: list[str]) -> str:
+    return "".join(w + s for w, s in zip(words, seps, strict=False)).strip()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=WORDS, seps=SEPS, probe=st.text(alphabet='AIL"\\ .,0-5€', min_size=1, max_size=12))
+def test_grammar_accepts_exactly_the_spans_of_the_document(
+    smollm: Model, words: list[str], seps: list[str], probe: str
+) -> None:
+    doc = _doc(words, seps)
+    schema = {
+        "type": "object",
+        "properties": {"v": {"type": "string"}},
+        "required": ["v"],
+        "additionalProperties": False,
+    }
+    g = compile_grammar(Lark(grounded_grammar(schema, doc) or ""), smollm)
+    norm = normalize_space(doc)
+    out = json.dumps({"v": probe}, ensure_ascii=False, separators=(",", ":"))
+    if g.accepts_text(out):
+        assert probe in norm and probe == probe.strip()
+    # every word-aligned span is accepted, whatever quotes and backslashes it holds
+    chunks = [json.loads('"' + c + '"') for c in span_chunks(doc)]
+    for i in range(0, len(chunks), 3):
+        span = "".join(chunks[i : i + 4]).strip()
+        if span:
+            assert g.accepts_text(json.dumps({"v": span}, ensure_ascii=False, separators=(",", ":")))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=WORDS, seps=SEPS)
+def test_extracted_grounded_fields_never_hold_text_absent_from_the_document(
+    tiny_gguf: Model, words: list[str], seps: list[str]
+) -> None:
+    doc = _doc(words, seps)
+
+    class Two(BaseModel):
+        a: str
+        b: list[str] = Field(max_length=3)
+
+    out = extract(doc, Two, model=tiny_gguf, max_tokens=96)
+    schema = Two.model_json_schema()
+    values = grounded_values(schema, out.model_dump())
+    assert len(values) >= 1
+    for _, v in values:
+        assert v and v in normalize_space(doc)
+
+
+def _invoice() -> tuple[str, type[BaseModel]]:
+    """The quick start's own TEXT (read, not run) and its schema."""
+    tree = ast.parse((EXAMPLES / "extract_invoice.py").read_text(encoding="utf-8"))
+    text = next(
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "TEXT" for t in n.targets)
+        and isinstance(n.value, ast.Constant)
+    )
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from invoice_schema import Invoice
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return str(text), Invoice
+
+
+def test_quick_start_invoice_on_the_default_model(smollm: Model) -> None:
+    text, invoice_cls = _invoice()
+    inv = extract(text, invoice_cls, model=smollm).model_dump()
+    # right since grounding and the json.dumps layout (before: total=19.9)
+    assert inv["seller"] == "ACME Tools Ltd"
+    assert inv["date"] == "1 March 2024"
+    assert inv["total"] == pytest.approx(44.30)
+    assert inv["currency"] == "EUR"
+    # grounded: at worst a wrong span of the document, never an invented number
+    assert inv["invoice_number"] in normalize_space(text)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SmolLM2-135M copies the first line ('ACME Tools Ltd') into the first field; the span "
+    "'INV-2041' scores -8.9 vs -7.8 for 'ACME Tools Ltd' (whole value, same prompt). Open: issue 10.",
+)
+def test_quick_start_invoice_number_is_right_on_the_default_model(smollm: Model) -> None:
+    text, invoice_cls = _invoice()
+    assert extract(text, invoice_cls, model=smollm).invoice_number == "INV-2041"
+
+
+def test_grounding_can_be_turned_off_and_confidence_is_opt_in(smollm: Model) -> None:
+    text = "Order 7781 from Bob Stone, Paris. Note: leave at door."
+
+    class Order(BaseModel):
+        customer: str
+        city: str
+
+    got = extract(text, Order, model=smollm, confidence=True)
+    assert isinstance(got, Extraction)
+    assert set(got.confidence) == {"customer", "city"}
+    assert all(0.0 < v <= 1.0 for v in got.confidence.values())
+    assert got.value.customer in normalize_space(text) and got.value.city in normalize_space(text)
+    assert got.uncertain(1.01) == ["customer", "city"]
+    plain = extract(text, Order, model=smollm, grounded=False)
+    assert isinstance(plain, Order)
+    with pytest.raises(InvalidInputError):
+        extract(text, Order, model=smollm, grounded="sometimes")  # type: ignore[call-overload]
+    outs = list(extract_many([text], Order, model=smollm))
+    assert outs[0].ok and outs[0].value.city in normalize_space(text)
+    last = list(extract_stream(text, Order, model=smollm))[-1]
+    assert last.customer in normalize_space(text)
+
+
+def test_grounded_numbers_are_printed_numbers(smollm: Model) -> None:
+    text = "Paid 12.50 for 3 items on 2024-05-01."
+
+    class Paid(BaseModel):
+        amount: float
+        items: int
+
+    got = extract(text, Paid, model=smollm, grounded="all")
+    assert got.amount in (12.5, 3.0, 2024.0, 5.0, 1.0)
+    assert got.items in (3, 2024, 5, 1)

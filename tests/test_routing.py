@@ -1,0 +1,100 @@
+"""Routing under tool_choice="auto", grounded arguments and repeat detection, on the default model.
+
+The tests check what the library guarantees (a scored decision with probabilities for
+every option, arguments that are spans of the request), not what a 135M model gets right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pocket_agent.errors import InvalidInputError
+from pocket_agent.grammars.grounding import normalize_space
+from pocket_agent.runtime import Model
+from pocket_agent.tools import Agent, Tool, tool
+from pocket_agent.tools.routing import ANSWER, call_key, decide_route, neutral_messages
+
+
+@tool
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """Current weather in a city.
+
+    Args:
+        city: the city name
+        unit: temperature unit
+    """
+    return f"sunny in {city}"
+
+
+def _unit_enum_tool() -> Tool:
+    return Tool.from_openai(
+        {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "detailed": {"type": "boolean"},
+                },
+                "required": ["city"],
+            },
+        }
+    )
+
+
+def test_decision_is_calibrated_against_the_neutral_question() -> None:
+    q = {ANSWER: math.log(0.99), "t": math.log(0.001)}
+    n = {ANSWER: math.log(0.999), "t": math.log(0.00001)}
+    r = decide_route(q, n, bias=0.0)
+    assert r.choice == "t" and r.calls  # the question raised the call 100x
+    assert abs(sum(r.scores.values()) - 1.0) < 1e-9
+    assert decide_route(q, q, bias=-1.0).choice == ANSWER
+    msgs = neutral_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "weather?"}])
+    assert msgs[-1]["content"] == "N/A" and msgs[0]["content"] == "s"
+
+
+def test_call_key_ignores_only_choice_valued_arguments() -> None:
+    tools = {"get_weather": _unit_enum_tool()}
+
+    def body(args: dict[str, object]) -> str:
+        return json.dumps({"name": "get_weather", "arguments": args})
+
+    a = call_key(body({"city": "Riga", "unit": "celsius"}), tools)
+    assert a == call_key(body({"city": "Riga", "unit": "fahrenheit", "detailed": True}), tools)
+    assert a != call_key(body({"city": "Oslo", "unit": "celsius"}), tools)
+    assert call_key("not json", tools) is None
+
+
+def test_step_carries_routing_scores_and_grounded_arguments(smollm: Model) -> None:
+    agent = Agent([get_weather], model=smollm, max_tokens=96)
+    task = "What is the weather in Riga today?"
+    step = agent.step(task)
+    r = step.routing
+    assert r is not None and set(r.scores) == {ANSWER, "get_weather"}
+    assert abs(sum(r.scores.values()) - 1.0) < 1e-6 and 0.0 <= r.confidence <= 1.0
+    assert step.call_probability == pytest.approx(r.call_probability)
+    assert r.calls == bool(step.tool_calls)
+    # the same decision again: deterministic
+    assert agent.route([{"role": "user", "content": task}]).scores == pytest.approx(r.scores)
+    forced = Agent([get_weather], model=smollm, max_tokens=96, tool_choice="required").step(task)
+    assert forced.routing is None and forced.tool_calls
+    for call in forced.tool_calls:
+        assert call.arguments["city"] in normalize_space(task)
+    sampled = Agent([get_weather], model=smollm, max_tokens=32, routing="sample").step(task)
+    assert sampled.routing is None
+    with pytest.raises(InvalidInputError):
+        Agent([get_weather], model=smollm, routing="vibes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        Agent([get_weather], model=smollm, grounded="maybe")  # type: ignore[arg-type]
+
+
+def test_a_call_changing_only_an_enum_ends_the_turn(smollm: Model) -> None:
+    agent = Agent([_unit_enum_tool()], model=smollm, max_tokens=160, tool_choice="required")
+    step = agent.step("Weather in Riga please, in celsius and in fahrenheit.")
+    keys = [call_key(json.dumps({"name": c.name, "arguments": c.arguments}), agent.tools) for c in step.tool_calls]
+    assert step.tool_calls and len(keys) == len(set(keys))
