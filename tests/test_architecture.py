@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "runtime": 2,
     "grammars": 3,
     "generate": 4,
+    "grounding": 4,  # grounded grammars and confidence for extraction
     "extraction": 5,
     "tools": 5,
     "decision": 5,

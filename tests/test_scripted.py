@@ -111,11 +111,11 @@ def test_step_executes_nothing() -> None:
         ran.append(1)
         return "sent"
 
-    model = ScriptedModel([call("send_email", to="bob@example.com", body="The build is green.")])
+    model = ScriptedModel([call("send_email", to="bob@example.com", body="the build is green.")])
     agent = Agent([send_email], model=model)
     step = agent.step("Email bob@example.com that the build is green.")
     assert step.tool_calls and not step.results and not ran
-    assert step.tool_calls[0].arguments == {"to": "bob@example.com", "body": "The build is green."}
+    assert step.tool_calls[0].arguments == {"to": "bob@example.com", "body": "the build is green."}
     res = agent.execute(step.tool_calls[0])  # the caller decides, then executes through the agent's rules
     assert res.ok and ran == [1]
 
@@ -141,16 +141,16 @@ class Total(BaseModel):
 
 
 def test_extraction_retries_show_the_error_and_take_the_fix() -> None:
-    model = ScriptedModel(['{"total":-1}', '{"total":9.5}'])
+    model = ScriptedModel(['{"total": -1}', '{"total": 9.5}'])
     assert extract("TOTAL 9.50", Total, model=model).total == 9.5
     assert "the total must be positive" in model.prompts[-1]
     with pytest.raises(ExtractionError) as info:
-        extract("TOTAL 9.50", Total, model=ScriptedModel(['{"total":-1}']), retries=0)
-    assert info.value.last_output == '{"total":-1}'
+        extract("TOTAL 9.50", Total, model=ScriptedModel(['{"total": -1}']), retries=0)
+    assert info.value.last_output == '{"total": -1}'
 
 
 def test_extract_stream_retries_and_restarts_partials() -> None:
-    model = ScriptedModel(['{"total":-2}', '{"total":4}'])
+    model = ScriptedModel(['{"total": -2}', '{"total": 4}'])
     items = list(extract_stream("TOTAL 4", Total, model=model))
     assert items[0] == {"total": -2} and items[-2] == {"total": 4} and items[-1] == Total(total=4)
 

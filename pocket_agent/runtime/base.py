@@ -109,6 +109,9 @@ class Capabilities:
     hidden_states: bool
     lora: bool
     layer_states: bool = False
+    probabilities: bool = True
+    """Whether the logits are the model's next-token distribution (scored routing compares
+    them); a scripted model's are not."""
 
 
 @dataclass

@@ -64,7 +64,7 @@ class ScriptedModel(Model):
         self.vocab = Vocabulary(
             token_bytes=token_bytes, special_ids=frozenset({256, 257, 258}), eos_ids=(257, 258), bos_id=None
         )
-        self.capabilities = Capabilities(multi_sequence=False, hidden_states=False, lora=False)
+        self.capabilities = Capabilities(multi_sequence=False, hidden_states=False, lora=False, probabilities=False)
         self.info = ModelInfo(
             backend=self.backend,
             path=Path("<scripted>"),

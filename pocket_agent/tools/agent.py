@@ -223,7 +223,8 @@ class Agent:
             ``"scored"`` (default) scores answering and each tool by the model's own
             probability of the continuation that commits to it, calibrated against a
             content-free question (:mod:`pocket_agent.tools.routing`), and constrains the
-            turn to the winner; ``"sample"`` leaves it to the first sampled token.
+            turn to the winner; ``"sample"`` leaves it to the first sampled token (what
+            a model without real probabilities, such as ``ScriptedModel``, always does).
         grounded: ``True`` (default): string arguments must be verbatim spans of the
             user's last message (a parameter opts out with ``"x-grounded": false``), when
             that message has words; ``"all"``: numbers too must be numbers it prints;
@@ -330,12 +331,21 @@ class Agent:
 
     def route(self, messages: Sequence[Mapping[str, Any]]) -> Routing:
         """The scored decision between answering and each tool for the next turn after
-        ``messages`` (what ``routing="scored"`` uses; nothing is generated)."""
+        ``messages`` (what ``routing="scored"`` uses; nothing is generated).
+
+        The first turn of a request is calibrated against a content-free question (a small
+        model's raw call probability says little about the question). A turn that follows
+        tool results compares the options' plain scores: the results are there to be
+        answered from, so the agent calls again only where the model itself prefers to.
+        """
         if not self.tools:
             raise InvalidInputError("Routing needs at least one tool.")
         ids = self.prompt_ids(messages)
-        neutral = self.prompt_ids(neutral_messages(messages))
-        return self._router.route(self.model, list(self.tools.values()), ids, neutral, self._start_token_sets)
+        after_results = bool(messages) and messages[-1].get("role") == "tool"
+        neutral = [] if after_results else self.prompt_ids(neutral_messages(messages))
+        return self._router.route(
+            self.model, list(self.tools.values()), ids, neutral, self._start_token_sets, calibrate=not after_results
+        )
 
     def _call_key(self, body: str) -> str | None:
         """What makes a call new: its tool and the arguments not picked from the schema's
@@ -415,7 +425,7 @@ class Agent:
         if tool_choice == "auto" and self.tools and self.call_threshold is not None:
             p_call = self.call_probability(ids)
             tool_choice = "required" if p_call >= self.call_threshold else "none"
-        elif tool_choice == "auto" and self.tools and self.routing == "scored":
+        elif tool_choice == "auto" and self.tools and self.routing == "scored" and model.capabilities.probabilities:
             routed = self.route(messages)
             p_call = routed.call_probability
             tool_choice = "required" if routed.calls else "none"

@@ -184,9 +184,12 @@ def build_grammar(
     if want_answer:
         schema = output_schema(output)
         if schema is None:
-            # Free text, non-empty, that never spells a tool call (a call must be a call).
+            # Free text, non-empty, that never spells a tool call (a call must be a call) nor
+            # a tool response tag (a small model answering after results likes to echo them).
+            tags = "|".join(re.escape(t).replace("/", "\\/") for t in (CALL_OPEN, RESPONSE_OPEN, RESPONSE_CLOSE))
             lines.append("answer: TEXT")
-            lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{re.escape(CALL_OPEN)}.*)/")
+            first = "[^<]" if tools else "."  # with tools, "<" opens a call, never an answer
+            lines.append(f"TEXT: /(?s:{first}.*)/ & ~/(?s:.*({tags}).*)/")
         else:
             lines.append("answer: " + _json_rule(schema))
     if allowed:

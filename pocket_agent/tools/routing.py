@@ -192,13 +192,20 @@ class Router:
         prompt: Sequence[int],
         neutral_prompt: Sequence[int],
         start_sets: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]],
+        *,
+        calibrate: bool = True,
     ) -> Routing:
-        """The calibrated decision for the turn after ``prompt``."""
+        """The decision for the turn after ``prompt``: calibrated against ``neutral_prompt``
+        with :attr:`bias` for tools, or with ``calibrate=False`` the options' plain scores
+        after ``prompt`` (how a turn after tool results decides whether to call again)."""
         if self._sets is None:
             self._sets = start_sets()
         if self._call_tokens is None:
             self._call_tokens = [model.tokenize(call_text(t.name), special=True) for t in tools]
         first_allowed, call_first = self._sets
+        if not calibrate:
+            question = option_log_probs(model, prompt, tools, first_allowed, call_first, self._call_tokens)
+            return decide_route(question, {}, bias=0.0)
         key = tuple(neutral_prompt)
         neutral = self._neutral.get(key)
         if neutral is None:
