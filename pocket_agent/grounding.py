@@ -58,7 +58,7 @@ __all__ = [
 
 MAX_NUMBER_OPTIONS = 16
 """Printed numbers scored per field at most, those whose first token the model finds
-likeliest (on 40 SROIE receipts: 20 totals right with 16, 21 with all, 14 greedy)."""
+likeliest (bench/extract.md: on 40 SROIE receipts, 14 totals right greedily)."""
 
 
 def check_grounding(grounded: Any) -> tuple[bool, bool]:
@@ -207,16 +207,17 @@ def _number_fields(schema: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, An
 def choose_numbers(
     model: Model, prompt: Sequence[int], raw: str, schema: Mapping[str, Any], text: str
 ) -> tuple[str, dict[str, float]]:
-    """``raw`` with each top-level number field set to the number printed in ``text`` that
-    the model scores highest as the whole value, and the chosen values' mean token
-    probabilities.
+    """``raw`` with each top-level number field the model invented (a number the document
+    does not print) set to the printed number it scores highest as the whole value, and
+    the chosen values' mean token probabilities.
 
     A small model decoding a number greedily commits to its first digit and often ends
     up at a number nowhere in the document (SmolLM2-135M writes ``10`` or ``100`` for many
     receipt totals). Scoring each printed number as a whole (mean log-probability of its
     tokens and of the separator that ends it, after the same JSON prefix) picks the one
-    the model finds likeliest. Fields are chosen left to right, each after the values
-    chosen before it; a field with no printed number in its bounds keeps its value. Long
+    the model finds likeliest. A number the document prints is kept as written (no
+    scoring cost). Fields are chosen left to right, each after the values chosen before
+    it; a field with no printed number in its bounds keeps its value. Long
     digit runs (identifiers, see :func:`~pocket_agent.grammars.grounding.number_options`)
     are not candidates. Fields with ``"x-grounded": false`` are left as generated, and so
     is everything on a model without real probabilities (``ScriptedModel``).
@@ -233,6 +234,12 @@ def choose_numbers(
         if not options:
             continue
         start, end = span
+        try:
+            written = float(raw[start:end])
+        except ValueError:
+            written = math.nan
+        if any(float(o) == written for o in options):
+            continue  # the model wrote a number the document prints: kept
         after = raw[end : end + 1] or "}"
         prefix = [*prompt, *model.tokenize(raw[:start])]
         first = model.prefill(prefix, logits="last").logits[-1]

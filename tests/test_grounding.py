@@ -288,3 +288,10 @@ def test_an_enum_the_text_names_is_narrowed_to_the_named_values(smollm: Model, t
     opted_out = {**UNIT, "properties": {"unit": {**UNIT["properties"]["unit"], "x-grounded": False}}}
     assert grounded_grammar(opted_out, text) is None
     assert grounded_grammar(UNIT, text, strings=False) is None
+
+
+def test_a_printed_number_the_model_wrote_is_kept(smollm: Model) -> None:
+    from pocket_agent.grounding import choose_numbers
+
+    raw = '{"shop": "KEDAI MAJU", "total": 4.40}'
+    assert choose_numbers(smollm, [1, 2, 3], raw, Bill.model_json_schema(), BILL) == (raw, {})
