@@ -210,7 +210,7 @@ def stream_tokens(
     ``limits.repeat_limit`` is the loop guard (see :class:`~pocket_agent.Limits`). The model
     is held (its lock) from the first step until the generator finishes or is closed.
 
-    With ``sampling.speculate`` each sampled token is evaluated together with the tokens the
+    With ``sampling.speculate`` (off by default) each sampled token is evaluated together with the tokens the
     grammar forces right after it, and under greedy sampling with a draft: the tokens that
     followed the output's last sampled tokens earlier in the context (copy speculation: a
     grounded value is a span of the document), cut to what the grammar accepts. Draft
@@ -221,7 +221,8 @@ def stream_tokens(
     smp = resolve_sampling(sampling)
     sampler = _Sampler(smp)
     matcher = grammar.matcher() if grammar is not None else None
-    lookup = PromptLookup(prompt_tokens) if smp.speculate and smp.greedy else None
+    drafts = smp.speculate and smp.greedy and model.capabilities.cheap_all_logits
+    lookup = PromptLookup(prompt_tokens) if drafts else None
     run = _Run(model, matcher, lim.max_tokens, usage if usage is not None else Usage())
     guard = _RepeatGuard(lim.repeat_limit, sticky=matcher is not None)
     eos = set(model.vocab.eos_ids)

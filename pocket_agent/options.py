@@ -47,19 +47,21 @@ class Sampling:
         seed: seed of the sampler's random generator (``None``: a fresh one each call).
         speculate: evaluate each sampled token together with a draft of the tokens likely
             to follow: the tokens the grammar forces next, and under greedy sampling the
-            prompt's continuation of the output (copy speculation: extracted values are
+            context's continuation of the output (copy speculation: extracted values are
             mostly copied from the document). Draft tokens are kept only where they are
-            the token that would have been chosen anyway; the rest is rolled back. The
-            output can differ from ``speculate=False`` only where two tokens are nearly
-            tied, since the backend rounds a batch of tokens slightly differently from a
-            single one.
+            the token that would have been chosen anyway; the rest is rolled back. Off by
+            default: on this project's 2-core CPU llama.cpp evaluates a batch of n tokens
+            in nearly n times a single token's time, so it saved only ~3% per SROIE
+            receipt, and since a batch rounds slightly differently from a single token,
+            near-tied choices (mostly digits of totals) came out differently on 4 of 15
+            receipts (bench/speculate.md). Worth trying where a batch is cheap.
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    speculate: bool = True
+    speculate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p"):
