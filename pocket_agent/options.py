@@ -51,9 +51,9 @@ class Sampling:
             mostly copied from the document). Draft tokens are kept only where they are
             the token that would have been chosen anyway; the rest is rolled back. Off by
             default: on this project's 2-core CPU llama.cpp evaluates a batch of n tokens
-            in nearly n times a single token's time, so it saved only ~3% per SROIE
+            in nearly n times a single token's time, so it did not save time per SROIE
             receipt, and since a batch rounds slightly differently from a single token,
-            near-tied choices (mostly digits of totals) came out differently on 4 of 15
+            near-tied choices (mostly digits of totals) came out differently on 7 of 40
             receipts (bench/speculate.md). Worth trying where a batch is cheap.
     """
 
