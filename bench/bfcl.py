@@ -148,21 +148,26 @@ class Outcome:
     routing: dict[str, float] = field(default_factory=dict)
 
 
-def load_rows(category: str, n: int) -> list[dict[str, Any]]:
+GROUNDED: dict[str, Any] = {"true": True, "all": "all", "false": False}
+
+
+def load_rows(category: str, n: int, start: int = 0) -> list[dict[str, Any]]:
     path = DATA / f"{category}.jsonl"
     with path.open(encoding="utf-8") as f:
-        rows = [json.loads(line) for line, _ in zip(f, range(n), strict=False)]
-    return rows
+        rows = [json.loads(line) for line, _ in zip(f, range(start + n), strict=False)]
+    return rows[start:]
 
 
-def run_ours(model: Any, row: dict[str, Any], max_tokens: int, call_threshold: float | None = None) -> Outcome:
+def run_ours(
+    model: Any, row: dict[str, Any], max_tokens: int, call_threshold: float | None = None, grounded: Any = True
+) -> Outcome:
     """The DEFAULT agent (scored routing, grounded arguments); ``call_threshold`` only for the
     optional ``ours+thr`` comparison column."""
     from pocket_agent.errors import PocketAgentError
     from pocket_agent.tools import Agent, Tool
 
     tools = [Tool.from_openai(f) for f in row["function"]]
-    agent = Agent(tools=tools, model=model, max_tokens=max_tokens, call_threshold=call_threshold)
+    agent = Agent(tools=tools, model=model, max_tokens=max_tokens, call_threshold=call_threshold, grounded=grounded)
     t0 = time.perf_counter()
     try:
         step = agent.step(row["question"][0])
@@ -278,6 +283,8 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
         "machine": machine(),
         "versions": versions(),
         "n": args.n,
+        "start": args.start,
+        "grounded": args.grounded,
         "threads": args.threads,
         "max_tokens": args.max_tokens,
         "threshold": args.threshold,
@@ -292,9 +299,9 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
     records: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     for cat in cats:
-        for row in load_rows(cat, args.n):
+        for row in load_rows(cat, args.n, args.start):
             vals = _validators(row)
-            systems = {"ours": run_ours(model, row, args.max_tokens)}
+            systems = {"ours": run_ours(model, row, args.max_tokens, grounded=GROUNDED[args.grounded])}
             if args.threshold > 0:
                 systems["ours+thr"] = run_ours(model, row, args.max_tokens, args.threshold)
             if peer is not None:
@@ -384,8 +391,10 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "",
         f"Model: embedded default `{meta['model']}` (SmolLM2-135M-Instruct), greedy, {meta['threads']} thread(s), "
         "both systems on the same GGUF in one process.",
-        f"Sample: the first {meta['n']} questions of each category of `shared/data/bfcl` (development split); "
-        f"token cap {meta['max_tokens']} per turn (ours) / per completion (peer).",
+        f"Sample: rows {meta.get('start', 0)}-{meta.get('start', 0) + meta['n'] - 1} of each category of "
+        "`shared/data/bfcl` (development split); "
+        + ("" if meta.get("grounded", "true") == "true" else f"ours with `grounded={meta['grounded']}`; ")
+        + f"token cap {meta['max_tokens']} per turn (ours) / per completion (peer).",
         f"Machine: {meta['machine']}. Run time {meta['minutes']} min for all systems.",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         "",
@@ -435,6 +444,10 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
 def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10, help="questions per category (the first N rows)")
+    ap.add_argument("--start", type=int, default=0, help="first row of each category (15+: calibration rows)")
+    ap.add_argument(
+        "--grounded", choices=sorted(GROUNDED), default="true", help="ours: Agent(grounded=...); default: the default"
+    )
     ap.add_argument("--categories", default=",".join(CATEGORIES))
     ap.add_argument("--threads", type=int, default=1, help="1 is fastest on a shared 2-core machine")
     ap.add_argument(

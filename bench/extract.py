@@ -3,7 +3,9 @@
 Same model (the embedded SmolLM2-135M-Instruct GGUF), same threads, same schema, same
 documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt for all:
 
-  ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens)
+  ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens,
+                grounded strings, number fields chosen among the printed numbers)
+  ours-greedy-numbers  the same without the number choice (ablation)
   ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head)
   llama-cpp     llama-cpp-python create_chat_completion(response_format=json_object+schema)
   outlines      outlines 1.3 Generator over the same llama.cpp model
@@ -100,6 +102,7 @@ class Result:
         self.gen_seconds = 0.0  # ... and the time they took (ours and unconstrained only)
         self.errors: list[str] = []
         self.grounded_compile_ms: list[float] = []  # per-document grounded grammar (ours)
+        self.choose_ms: list[float] = []  # per-document choice of number fields (ours)
 
     def add(self, seconds: float, tokens: int, pred: dict[str, Any] | None, expected: dict[str, Any]) -> None:
         self.seconds.append(seconds)
@@ -114,13 +117,15 @@ class Result:
         return sum(m[f] for m in self.matches) / len(self.matches) if self.matches else 0.0
 
 
-def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_agent.extract)") -> Result:
+def run_ours(
+    docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_agent.extract)", choose: bool = True
+) -> Result:
     from pocket_agent import Limits
     from pocket_agent.errors import PocketAgentError
     from pocket_agent.extraction import _prepare, _text_grammar, build_messages
     from pocket_agent.generate import render_prompt, run_generation
     from pocket_agent.grammars import clear_cache
-    from pocket_agent.grounding import DEFAULT_GROUNDING
+    from pocket_agent.grounding import DEFAULT_GROUNDING, choose_numbers
 
     res = Result(label)
     clear_cache()
@@ -137,6 +142,11 @@ def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_
             grammar = _text_grammar(prepared, doc["text"], DEFAULT_GROUNDING)
             res.grounded_compile_ms.append((time.perf_counter() - t0) * 1000)
             out = run_generation(model, ids, grammar=grammar, limits=limits)
+            t1 = time.perf_counter()
+            text = out.text
+            if choose:  # what extract() does after generating: numbers chosen among the printed ones
+                text, _ = choose_numbers(model, ids, text, prepared.grammar_schema, doc["text"])
+            res.choose_ms.append((time.perf_counter() - t1) * 1000)
         except PocketAgentError as exc:
             res.errors.append(type(exc).__name__)
             res.add(time.perf_counter() - t0, MAX_TOKENS, None, doc["expected"])
@@ -149,7 +159,7 @@ def run_ours(docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_
         res.forced += u.forced_tokens
         if u.decode_calls:
             res.decode_step_s.append(u.decode_s / u.decode_calls)
-        res.add(dt, u.completion_tokens, parse_valid(out.text, schema), doc["expected"])
+        res.add(dt, u.completion_tokens, parse_valid(text, schema), doc["expected"])
     return res
 
 
@@ -234,7 +244,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", nargs="+", default=["ours", "ours-mnn", "llama-cpp", "outlines", "unconstrained"])
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        default=["ours", "ours-greedy-numbers", "ours-mnn", "llama-cpp", "outlines", "unconstrained"],
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -250,6 +264,9 @@ def main() -> int:
 
     runners: dict[str, Callable[[], Result]] = {
         "ours": lambda: run_ours(docs, model),
+        "ours-greedy-numbers": lambda: run_ours(
+            docs, model, "ours without the number choice (numbers decoded greedily)", choose=False
+        ),
         "ours-mnn": ours_mnn,
         "llama-cpp": lambda: run_llama_cpp(docs, args.threads, model),
         "outlines": lambda: run_outlines(docs, args.threads, model),
@@ -286,6 +303,12 @@ def main() -> int:
             notes.append(
                 f"- ours: per-document grounded grammar build + compile median {statistics.median(g):.1f} ms, "
                 f"max {max(g):.1f} ms (included in s/doc)"
+            )
+        if ours.choose_ms:
+            c = ours.choose_ms
+            notes.append(
+                f"- ours: choosing the number fields among the printed numbers median {statistics.median(c):.0f} ms, "
+                f"max {max(c):.0f} ms per document (included in s/doc)"
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")

@@ -25,7 +25,15 @@ from .errors import (
     SchemaError,
 )
 from .generate import render_prompt, stream_tokens
-from .grounding import DEFAULT_GROUNDING, Extraction, Grounding, check_grounding, document_grammar, field_confidence
+from .grounding import (
+    DEFAULT_GROUNDING,
+    Extraction,
+    Grounding,
+    check_grounding,
+    choose_numbers,
+    document_grammar,
+    field_confidence,
+)
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
 
@@ -134,10 +142,9 @@ def build_messages(
 
     messages = [] if layout == "fields_first_plain" else [{"role": "system", "content": SYSTEM_PROMPT}]
     for ex_text, ex_out in examples or []:
-        if isinstance(ex_out, BaseModel):
-            ex_json = ex_out.model_dump_json()
-        else:
-            ex_json = json.dumps(ex_out, ensure_ascii=False, separators=(",", ":"))
+        # laid out as the grammar lays out the answer (JSON_LAYOUT), so the examples teach it
+        value = ex_out.model_dump(mode="json") if isinstance(ex_out, BaseModel) else ex_out
+        ex_json = json.dumps(value, ensure_ascii=False)
         messages.append({"role": "user", "content": user(ex_text)})
         messages.append({"role": "assistant", "content": ex_json})
     messages.append({"role": "user", "content": user(text)})
@@ -291,10 +298,14 @@ def _attempts(
         for ev in stream_tokens(p.model, ids, grammar=grammar, sampling=p.sampling, limits=p.limits):
             tokens.extend(ev.tokens)
             yield ev.text
-        raw = p.model.decode(tokens)
+        generated = raw = p.model.decode(tokens)
+        chosen: dict[str, float] = {}
+        if check_grounding(p.grounded) != (False, False):
+            raw, chosen = choose_numbers(p.model, ids, raw, p.grammar_schema, text)
         last_raw = raw
         try:
-            yield _Done(_validate(p, raw), raw=raw, prompt=ids, tokens=tokens, grammar=grammar)
+            value = _validate(p, raw)
+            yield _Done(value, raw=raw, prompt=ids, tokens=tokens, grammar=grammar, generated=generated, chosen=chosen)
             return
         except (ValidationError, jsonschema.ValidationError, ValueError) as exc:
             last_error = exc
@@ -314,6 +325,8 @@ class _Done:
     prompt: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     grammar: Any = None
+    generated: str = ""  # the text the tokens spell (``raw`` before numbers were chosen)
+    chosen: dict[str, float] = field(default_factory=dict)  # chosen number fields -> mean probability
 
 
 class _NewAttempt:
@@ -335,7 +348,8 @@ def _extract_prepared(
         for item in _attempts(p, text, instructions, examples):
             if isinstance(item, _Done):
                 if confidence:
-                    scores = field_confidence(p.model, item.prompt, item.tokens, item.grammar, item.raw)
+                    scores = field_confidence(p.model, item.prompt, item.tokens, item.grammar, item.generated)
+                    scores.update(item.chosen)
                     return Extraction(value=item.value, confidence=scores, raw=item.raw)
                 return item.value
     raise AssertionError("unreachable: _attempts ends with a value or an error")

@@ -203,3 +203,88 @@ def test_grounded_numbers_are_printed_numbers(smollm: Model) -> None:
     got = extract(text, Paid, model=smollm, grounded="all")
     assert got.amount in (12.5, 3.0, 2024.0, 5.0, 1.0)
     assert got.items in (3, 2024, 5, 1)
+
+
+def test_identifier_digit_runs_are_not_quantities() -> None:
+    text = "Tel 0123456789 total 1,234,567.00, GST 12345678, qty 007, paid 44.30"
+    assert number_options(text) == ["123456789", "1234567.00", "12345678", "7", "44.30"]
+    assert number_options(text, quantities=True) == ["1234567.00", "7", "44.30"]
+
+
+class Bill(BaseModel):
+    shop: str
+    total: float = Field(description="the total amount paid")
+
+
+BILL = "KEDAI MAJU\nTel 0123456789\n2 x TEH 4.40\n1 x ROTI 1.20\nTOTAL 5.60\nCASH 10.00\nCHANGE 4.40"
+
+
+def test_number_fields_are_printed_numbers_chosen_by_the_model(smollm: Model) -> None:
+    """By default a number field ends up one of the quantities the document prints (whatever
+    the greedy digits were), and the choice reports a probability."""
+    got = extract(BILL, Bill, model=smollm, confidence=True)
+    assert isinstance(got, Extraction)
+    printed = {float(o) for o in number_options(BILL, quantities=True)}
+    assert got.value.total in printed
+    assert 0.0 < got.confidence["total"] <= 1.0
+    assert json.loads(got.raw)["total"] == got.value.total  # raw is the chosen text
+    for out in extract_many([BILL, BILL], Bill, model=smollm):
+        assert out.ok and out.value.total == got.value.total  # every path makes the same choice
+    assert list(extract_stream(BILL, Bill, model=smollm))[-1] == got.value
+
+
+def test_number_choice_respects_bounds_and_opt_outs(smollm: Model) -> None:
+    class Big(BaseModel):
+        total: float = Field(ge=1000)  # nothing printed is in bounds: the generated value stays
+
+    class Free(BaseModel):
+        total: float = Field(json_schema_extra={"x-grounded": False})
+
+    assert extract(BILL, Big, model=smollm).total == extract(BILL, Big, model=smollm, grounded=False).total
+    assert extract(BILL, Free, model=smollm).total == extract(BILL, Free, model=smollm, grounded=False).total
+
+
+def test_choose_numbers_replaces_an_unprinted_value(smollm: Model) -> None:
+    from pocket_agent.extraction import build_messages
+    from pocket_agent.generate import render_prompt
+    from pocket_agent.grounding import choose_numbers
+
+    schema = Bill.model_json_schema()
+    prompt = render_prompt(smollm, build_messages(BILL, schema))
+    raw, chosen = choose_numbers(smollm, prompt, '{"shop": "KEDAI MAJU", "total": 999.99}', schema, BILL)
+    value = json.loads(raw)
+    assert value["shop"] == "KEDAI MAJU" and set(chosen) == {"total"}
+    assert value["total"] in {float(o) for o in number_options(BILL, quantities=True)}
+    # the same call again: the same choice (the cache left behind does not change scores)
+    assert choose_numbers(smollm, prompt, '{"shop": "KEDAI MAJU", "total": 999.99}', schema, BILL)[0] == raw
+
+
+UNIT = {
+    "type": "object",
+    "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "allowed"),
+    [
+        ("Weather in Boston in Fahrenheit please", {"fahrenheit"}),
+        ("celsius or kelvin, not decided", {"celsius", "kelvin"}),
+        ("no unit named here, fahr is not a word of the enum", {"celsius", "fahrenheit", "kelvin"}),
+        ("celsius, fahrenheit and kelvin", {"celsius", "fahrenheit", "kelvin"}),
+    ],
+)
+def test_an_enum_the_text_names_is_narrowed_to_the_named_values(smollm: Model, text: str, allowed: set[str]) -> None:
+    lark = grounded_grammar(UNIT, text)
+    if allowed == {"celsius", "fahrenheit", "kelvin"}:
+        assert lark is None  # nothing narrowed: the plain schema grammar is used
+        return
+    assert lark is not None
+    g = compile_grammar(Lark(lark), smollm)
+    for unit in ("celsius", "fahrenheit", "kelvin"):
+        assert g.accepts_text(json.dumps({"unit": unit}, separators=(",", ":"))) == (unit in allowed)
+    opted_out = {**UNIT, "properties": {"unit": {**UNIT["properties"]["unit"], "x-grounded": False}}}
+    assert grounded_grammar(opted_out, text) is None
+    assert grounded_grammar(UNIT, text, strings=False) is None

@@ -98,3 +98,16 @@ def test_a_call_changing_only_an_enum_ends_the_turn(smollm: Model) -> None:
     step = agent.step("Weather in Riga please, in celsius and in fahrenheit.")
     keys = [call_key(json.dumps({"name": c.name, "arguments": c.arguments}), agent.tools) for c in step.tool_calls]
     assert step.tool_calls and len(keys) == len(set(keys))
+
+
+def test_after_tool_results_the_agent_answers_from_them(smollm: Model) -> None:
+    """The first turn is calibrated (a call wins with the fitted bias); the turn after the
+    results compares plain scores, so the run ends with an answer instead of calling until
+    max_steps. The answer never echoes the tool tags (the grammar forbids them)."""
+    agent = Agent([get_weather], model=smollm, max_tokens=64)
+    result = agent.run("What is the weather in Riga today?")
+    first, last = result.steps[0], result.steps[-1]
+    assert first.tool_calls and first.routing is not None and first.routing.calls
+    assert last.is_final and len(result.steps) <= 3
+    assert last.routing is not None and last.routing.logits == pytest.approx(last.routing.raw)
+    assert "<tool_" not in last.text and "</tool_" not in last.text

@@ -184,3 +184,11 @@ def test_a_vanishing_temperature_samples_greedily() -> None:
 
     out = generate("hi", model=ScriptedModel(["ok"]), sampling=Sampling(temperature=2.2250738585e-313, seed=1))
     assert out.text == "ok"
+
+
+def test_extraction_examples_are_laid_out_like_the_answer() -> None:
+    """Few-shot answers use the separators the grammar makes the model write."""
+    model = ScriptedModel(['{"total": 4}'])
+    out = extract("TOTAL 4", Total, model=model, examples=[("TOTAL 9.50", Total(total=9.5)), ("T 2", {"total": 2})])
+    assert out.total == 4
+    assert '{"total": 9.5}' in model.prompts[-1] and '{"total": 2}' in model.prompts[-1]

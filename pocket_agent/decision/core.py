@@ -17,7 +17,16 @@ from numpy.typing import NDArray
 
 from ..errors import AdapterError, InvalidInputError, PocketAgentError
 from ..options import Limits, Sampling, resolve_limits, resolve_sampling
-from ..runtime import LayerStates, LoraAdapter, Model, StatesRequest, common_prefix_length, resolve_model
+from ..runtime import (
+    LayerStates,
+    LoraAdapter,
+    Model,
+    StatesRequest,
+    branch_logits,
+    branches_reliable,
+    common_prefix_length,
+    resolve_model,
+)
 from ._features import FeatureSpec, PassRows, build_features, log_softmax_at, logsumexp, needed_positions
 from ._head import softmax
 from ._identity import model_identity
@@ -200,59 +209,11 @@ def _score_cloze(model: Model, items: Sequence[Question], fmt: PromptFormat) -> 
 
 
 def _cloze_scores(model: Model, lay: ClozeLayout) -> NDArray[np.float64]:
-    rows = _branch_logits(model, lay.prefix, lay.branches)
+    rows = branch_logits(model, lay.prefix, lay.branches)
     scores = []
     for branch, logits in zip(lay.branches, rows, strict=True):
         scores.append(sum(log_softmax_at(logits[j], tok) for j, tok in enumerate(branch)))
     return np.asarray(scores, dtype=np.float64)
-
-
-def _branch_logits(model: Model, prefix: list[int], branches: list[list[int]]) -> list[NDArray[np.float32]]:
-    """Logits at ``[last prefix token] + branch`` for every branch; the prefix is evaluated once.
-
-    All branches go into one batched decode when the backend reproduces single-sequence
-    results that way (:func:`branches_reliable`); otherwise each branch is evaluated after
-    the cached prefix and rolled back.
-    """
-    if branches_reliable(model):
-        return [out.logits for out in model.eval_branches(prefix, branches)]
-    first = model.prefill(prefix, logits="last").logits[-1:]
-    base = len(prefix)
-    out = []
-    for branch in branches:
-        res = model.eval(branch, logits="all")
-        model.rollback(base)
-        out.append(np.concatenate([first, res.logits], axis=0))
-    return out
-
-
-_reliable: weakref.WeakKeyDictionary[Model, bool] = weakref.WeakKeyDictionary()
-_PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly."
-
-
-def branches_reliable(model: Model) -> bool:
-    """Whether batched multi-sequence evaluation matches one-sequence evaluation on this model.
-
-    Checked once per model with a short probe (three identical branches after a short
-    prefix, compared with the same tokens evaluated as one sequence). llama.cpp builds
-    without flash attention were seen to return logits off by up to ~1.3 for the second
-    and later sequences of a batch; such models get the sequential path.
-    """
-    if not model.capabilities.multi_sequence:
-        return False
-    known = _reliable.get(model)
-    if known is not None:
-        return known
-    toks = model.tokenize(_PROBE_TEXT)
-    prefix, branch = toks[:4], toks[4:]
-    model.reset()
-    ref = model.eval(toks, logits="all").logits[len(prefix) - 1 :]
-    model.reset()
-    outs = model.eval_branches(prefix, [branch, branch, branch])
-    ok = all(float(np.abs(o.logits - ref).max()) < 1e-2 for o in outs)
-    model.reset()
-    _reliable[model] = ok
-    return ok
 
 
 def _score_letter(

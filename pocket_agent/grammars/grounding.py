@@ -14,7 +14,9 @@ Which values are grounded (:func:`is_grounded`):
 * a ``number``/``integer`` schema is grounded only when ``numbers=True`` is asked for or
   it says ``"x-grounded": true``;
 * ``"x-grounded": true`` on a string with a ``pattern``/``format`` is ignored (the two
-  constraints are not combined).
+  constraints are not combined);
+* a string ``enum`` whose values the source names (whole words, any case) is narrowed to
+  the named values when it names some but not all; ``"x-grounded": false`` keeps it whole.
 
 How a span is written:
 
@@ -45,6 +47,10 @@ GROUNDED_KEY = "x-grounded"
 
 _UNGROUNDABLE = ("enum", "const", "pattern", "format")
 _CHUNK = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
+IDENTIFIER_DIGITS = 8
+"""A number printed as this many digits or more, with no separator or decimals, is read as an
+identifier (phone, barcode, account number), not a quantity."""
+_IDENTIFIER = re.compile(rf"-?\d{{{IDENTIFIER_DIGITS},}}")
 _NUMBER = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
 
 
@@ -80,14 +86,18 @@ def span_chunks(text: str) -> list[str]:
     return out
 
 
-def number_options(text: str, *, integer: bool = False) -> list[str]:
+def number_options(text: str, *, integer: bool = False, quantities: bool = False) -> list[str]:
     """The numbers printed in ``text`` as JSON number texts, in order of first appearance.
 
     Thousands separators are dropped, leading zeros removed (``007`` -> ``7``); decimals are
     kept as printed (``9.00``). With ``integer`` only numbers printed without decimals count.
+    With ``quantities``, runs of :data:`IDENTIFIER_DIGITS` or more digits printed without
+    separators or decimals (phone, barcode, registration numbers) are left out.
     """
     seen: dict[str, None] = {}
     for m in _NUMBER.finditer(text):
+        if quantities and _IDENTIFIER.fullmatch(m.group(0)):
+            continue
         raw = m.group(0).replace(",", "")
         neg = raw.startswith("-")
         body = raw[1:] if neg else raw
@@ -102,7 +112,8 @@ def number_options(text: str, *, integer: bool = False) -> list[str]:
     return list(seen)
 
 
-def _in_bounds(value: float, node: Mapping[str, Any]) -> bool:
+def in_bounds(value: float, node: Mapping[str, Any]) -> bool:
+    """Whether ``value`` meets the schema's ``minimum``/``maximum``/``exclusive*``/``multipleOf``."""
     lo, hi = node.get("minimum"), node.get("maximum")
     xlo, xhi = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
     if isinstance(lo, (int, float)) and value < lo:
@@ -234,7 +245,7 @@ class _Builder:
 
     def number_rule(self, node: Mapping[str, Any]) -> str | None:
         integer = "integer" in _types(node)
-        opts = [o for o in number_options(self.text, integer=integer) if _in_bounds(float(o), node)]
+        opts = [o for o in number_options(self.text, integer=integer) if in_bounds(float(o), node)]
         if not opts:
             return None
         name = self.name("num")
@@ -255,7 +266,25 @@ class _Builder:
                 self._active.discard(ref)
         return self._value(raw)
 
+    def named_choices(self, node: Mapping[str, Any]) -> str | None:
+        """A string ``enum`` narrowed to the values the text names, when it names some but not all."""
+        values = node.get("enum")
+        if not self.strings or node.get(GROUNDED_KEY) is False or not isinstance(values, list):
+            return None
+        if not values or not all(isinstance(v, str) and v.strip() for v in values):
+            return None
+        named = [v for v in values if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", self.text, re.IGNORECASE)]
+        if not named or len(named) == len(values):
+            return None
+        name = self.name("named")
+        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in named))
+        return name
+
     def _value(self, node: Mapping[str, Any]) -> str | None:
+        named = self.named_choices(node)
+        if named is not None:
+            self.grounded += 1
+            return named
         if is_grounded(node, strings=self.strings, numbers=self.numbers):
             types = _types(node)
             rule = self.span_terminal(node) if types == {"string"} else self.number_rule(node)

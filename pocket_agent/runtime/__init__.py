@@ -17,6 +17,7 @@ from .base import (
     Vocabulary,
     common_prefix_length,
 )
+from .branches import branch_logits, branches_reliable
 from .chat_template import ChatTemplate, chatml_template
 from .default_model import default_model_path
 from .loader import (
@@ -42,6 +43,8 @@ __all__ = [
     "StatesRequest",
     "StreamDecoder",
     "Vocabulary",
+    "branch_logits",
+    "branches_reliable",
     "chatml_template",
     "common_prefix_length",
     "default_model_path",
