@@ -20,6 +20,7 @@ from .errors import GenerationError, InvalidInputError, OutputBudgetExceeded
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
 from .runtime.prompt import encode_chat
+from .speculation import PromptLookup
 from .usage import Usage
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class _Run:
         self.decoder = model.stream_decoder()
         self.produced: list[int] = []
         self.text_parts: list[str] = []
+        self.sampled_run = 0  # output tokens since the last forced ones
 
     def prefill(self, prompt: list[int]) -> NDArray[np.float32]:
         before = self.model.stats.tokens_evaluated
@@ -136,6 +138,14 @@ class _Run:
         self.usage.decode_calls += 1
         return logits
 
+    def evaluate_all(self, tokens: list[int]) -> NDArray[np.float32]:
+        """Evaluate ``tokens`` in one call; the logits after each of them (one row each)."""
+        t0 = time.perf_counter()
+        rows: NDArray[np.float32] = self.model.eval(tokens, logits="all").logits
+        self.usage.decode_s += time.perf_counter() - t0
+        self.usage.decode_calls += 1
+        return rows
+
     def accept(self, tokens: list[int], *, forced: bool) -> TokenEvent:
         """Record output tokens; the event carries the text they completed."""
         if self.matcher is not None:
@@ -147,6 +157,9 @@ class _Run:
         self.usage.completion_tokens += len(tokens)
         if forced:
             self.usage.forced_tokens += len(tokens)
+            self.sampled_run = 0
+        else:
+            self.sampled_run += len(tokens)
         piece = "".join(self.decoder.feed(t) for t in tokens)
         self.text_parts.append(piece)
         return TokenEvent(tokens=list(tokens), text=piece, forced=forced)
@@ -196,10 +209,20 @@ def stream_tokens(
     ``limits.max_tokens`` before a grammar is complete raises :class:`OutputBudgetExceeded`.
     ``limits.repeat_limit`` is the loop guard (see :class:`~pocket_agent.Limits`). The model
     is held (its lock) from the first step until the generator finishes or is closed.
+
+    With ``sampling.speculate`` (off by default) each sampled token is evaluated together with the tokens the
+    grammar forces right after it, and under greedy sampling with a draft: the tokens that
+    followed the output's last sampled tokens earlier in the context (copy speculation: a
+    grounded value is a span of the document), cut to what the grammar accepts. Draft
+    tokens are kept while each is the token this loop would have chosen from the same
+    logits; the rest is rolled back from the KV cache.
     """
     lim = resolve_limits(limits)
-    sampler = _Sampler(resolve_sampling(sampling))
+    smp = resolve_sampling(sampling)
+    sampler = _Sampler(smp)
     matcher = grammar.matcher() if grammar is not None else None
+    drafts = smp.speculate and smp.greedy and model.capabilities.cheap_all_logits
+    lookup = PromptLookup(prompt_tokens) if drafts else None
     run = _Run(model, matcher, lim.max_tokens, usage if usage is not None else Usage())
     guard = _RepeatGuard(lim.repeat_limit, sticky=matcher is not None)
     eos = set(model.vocab.eos_ids)
@@ -240,7 +263,98 @@ def stream_tokens(
                 return "stop"
             if matcher is not None and matcher.is_stopped():
                 return "grammar"
-            logits = run.evaluate([tok])
+            if smp.speculate and matcher is not None:
+                forced = matcher.forced_tokens()
+                if forced and len(run.produced) + len(forced) <= run.limit:
+                    # what the loop would do next, with the sampled token in the same evaluation
+                    guard.clear()
+                    yield run.accept(forced, forced=True)
+                    if matcher.is_stopped():
+                        return "grammar"
+                    logits = run.evaluate([tok, *forced])
+                    continue
+            draft = _draft(run, lookup) if lookup is not None else []
+            if not draft or lookup is None:
+                logits = run.evaluate([tok])
+                continue
+            rows = run.evaluate_all([tok, *draft])
+            kept, reason = yield from _verify(run, guard, sampler, draft, rows, stop_list)
+            run.usage.draft_tokens += len(draft)
+            run.usage.draft_accepted += kept
+            lookup.feedback(len(draft), kept)
+            if kept < len(draft):
+                model.rollback(model.n_cached - (len(draft) - kept))
+            if reason is not None:
+                return reason
+            logits = rows[kept]
+
+
+def _draft(run: _Run, lookup: PromptLookup) -> list[int]:
+    """Draft tokens to evaluate together with the token just sampled: the context's
+    continuation of the output's last sampled tokens, cut to what the grammar accepts;
+    never an end-of-sequence token, never past ``max_tokens``."""
+    # Look up only tokens the model chose: after forced keys and punctuation ('"date": "')
+    # the context's continuation is some other value.
+    if run.sampled_run < lookup.min_match:
+        return []
+    lookup.follow(run.produced)
+    draft = lookup.propose()[: run.limit - len(run.produced)]
+    eos = set(run.model.vocab.eos_ids)
+    for i, t in enumerate(draft):
+        if t in eos:
+            draft = draft[:i]
+            break
+    if run.matcher is not None and draft:
+        draft = draft[: run.matcher.validate(draft)]
+    return draft
+
+
+def _verify(
+    run: _Run,
+    guard: _RepeatGuard,
+    sampler: _Sampler,
+    draft: list[int],
+    rows: NDArray[np.float32],
+    stop: Sequence[str],
+) -> Generator[TokenEvent, None, tuple[int, FinishReason | None]]:
+    """Accept the draft's tokens while each is what the loop would choose from its row.
+
+    ``rows[i]`` are the logits before ``draft[i]``. Each position goes through the same
+    steps as the loop in :func:`stream_tokens` (forced tokens, mask, loop guard, budget,
+    sampler); the first disagreement, or anything that needs the loop's own handling, ends
+    the check. Returns how many draft tokens became output, and the finish reason if the
+    output ended inside the draft.
+    """
+    matcher = run.matcher
+    i = 0
+    while i < len(draft):
+        if matcher is not None:
+            forced = matcher.forced_tokens()
+            if forced:
+                if draft[i : i + len(forced)] != forced or len(run.produced) + len(forced) > run.limit:
+                    break
+                guard.clear()
+                yield run.accept(forced, forced=True)
+                i += len(forced)
+                if matcher.is_stopped():
+                    return i, "grammar"
+                continue
+            logits = run.masked(rows[i])
+        else:
+            logits = rows[i]
+        if not sampler.params.greedy or len(run.produced) >= run.limit:
+            break
+        tok = sampler(guard.apply(logits, run.produced))
+        if tok != draft[i]:
+            break
+        event = run.accept([tok], forced=False)
+        i += 1
+        yield event
+        if run.hit_stop(stop, event.text):
+            return i, "stop"
+        if matcher is not None and matcher.is_stopped():
+            return i, "grammar"
+    return i, None
 
 
 MAX_LOOP_PERIOD = 16

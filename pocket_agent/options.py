@@ -45,12 +45,23 @@ class Sampling:
             adds up to ``top_p`` (1.0 keeps all).
         top_k: keep only the ``top_k`` most likely tokens (0 keeps all).
         seed: seed of the sampler's random generator (``None``: a fresh one each call).
+        speculate: evaluate each sampled token together with a draft of the tokens likely
+            to follow: the tokens the grammar forces next, and under greedy sampling the
+            context's continuation of the output (copy speculation: extracted values are
+            mostly copied from the document). Draft tokens are kept only where they are
+            the token that would have been chosen anyway; the rest is rolled back. Off by
+            default: on this project's 2-core CPU llama.cpp evaluates a batch of n tokens
+            in nearly n times a single token's time, so it did not save time per SROIE
+            receipt, and since a batch rounds slightly differently from a single token,
+            near-tied choices (mostly digits of totals) came out differently on 7 of 40
+            receipts (bench/speculate.md). Worth trying where a batch is cheap.
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    speculate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p"):
@@ -63,6 +74,8 @@ class Sampling:
             raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p}.")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidInputError(f"top_k must be an integer >= 0, got {self.top_k!r}.")
+        if not isinstance(self.speculate, bool):
+            raise InvalidInputError(f"speculate must be True or False, got {self.speculate!r}.")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise InvalidInputError(f"seed must be a non-negative integer or None, got {self.seed!r}.")
 

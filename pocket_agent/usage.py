@@ -21,6 +21,9 @@ class Usage:
         completion_tokens: output tokens, sampled and forced.
         forced_tokens: output tokens the grammar forced (evaluated as batches).
         decode_calls: model evaluations after the prompt.
+        draft_tokens: draft tokens of copy speculation: tokens copied from the context
+            and evaluated together with a sampled token, before the model chose them.
+        draft_accepted: draft tokens that became output; the rest were rolled back.
         prefill_s: seconds evaluating prompts.
         decode_s: seconds evaluating output tokens.
         mask_s: seconds computing and applying grammar masks.
@@ -35,6 +38,8 @@ class Usage:
     completion_tokens: int = 0
     forced_tokens: int = 0
     decode_calls: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     mask_s: float = 0.0

@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "usage": 1,
     "runtime": 2,
     "grammars": 3,
+    "speculation": 3,  # draft tokens for the generation loop: pure token bookkeeping
     "generate": 4,
     "grounding": 4,  # grounded grammars and confidence for extraction
     "extraction": 5,

@@ -112,6 +112,9 @@ class Capabilities:
     probabilities: bool = True
     """Whether the logits are the model's next-token distribution (scored routing compares
     them); a scripted model's are not."""
+    cheap_all_logits: bool = True
+    """Whether logits at every evaluated position cost little more than at the last one;
+    copy speculation verifies its drafts with them, so it drafts only where they do."""
 
 
 @dataclass

@@ -167,7 +167,8 @@ class MnnModel(Model):
         trained = int(llm_cfg.get("max_position_embeddings", 0) or 0)
         if n_ctx is None:
             n_ctx = min(trained, DEFAULT_N_CTX) if trained > 0 else DEFAULT_N_CTX
-        self.capabilities = Capabilities(multi_sequence=False, hidden_states=False, lora=True)
+        # all-logits forwards are reconfigurations that cost about a prefill (_set_all_logits)
+        self.capabilities = Capabilities(multi_sequence=False, hidden_states=False, lora=True, cheap_all_logits=False)
         weight = cfg_path.parent / build.get("llm_weight", "llm.mnn.weight")
         model_file = cfg_path.parent / build.get("llm_model", "llm.mnn")
         self._chat_template = self._read_chat_template(cfg_path.parent, llm_cfg)
