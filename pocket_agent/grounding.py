@@ -5,11 +5,12 @@ plain string field (``str`` with no ``enum``, ``const``, ``pattern`` or ``format
 constrained to a verbatim span of the document, whitespace runs read as single spaces.
 Turn it off for one field with ``Field(json_schema_extra={"x-grounded": False})`` (or
 ``"x-grounded": false`` in a JSON Schema), for a whole call with ``grounded=False``.
-Numbers: after generation, every top-level number field is set to the printed number the
-model scores highest as a whole value (:func:`choose_numbers`; off with ``"x-grounded":
-false`` or ``grounded=False``). Constraining the digits in the grammar instead (``"x-grounded":
-true`` on the field, or ``grounded="all"``) did not beat free numbers on SROIE: greedy
-decoding still commits to a wrong first digit; the whole-value choice does.
+Numbers: after generation, a top-level number field whose value the document does not print
+is set to the printed number the model scores highest as a whole value
+(:func:`choose_numbers`; off with ``"x-grounded": false`` or ``grounded=False``).
+Constraining the digits in the grammar instead (``"x-grounded": true`` on the field, or
+``grounded="all"``) did not beat free numbers on SROIE: greedy decoding still commits to a
+wrong first digit; the whole-value choice does.
 
 Confidence (``extract(..., confidence=True)``): for each top-level field, the mean
 probability the model gave to the tokens it chose for that value, under the grammar's
