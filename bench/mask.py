@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _env import cpu_model
 from mask_variants import MASK_VARIANTS
 from pydantic import BaseModel, Field
 
@@ -256,7 +257,7 @@ def main() -> None:
         "Produced by `python bench/mask.py` (SmolLM2-135M-Instruct Q4_1 through llama.cpp, vocabulary 49,152).",
         "The machine was shared with other work: treat single figures as orders of magnitude.",
         "",
-        f"- Machine: {platform.machine()}, {_cpu()}, {_ncpu()} CPUs visible; model threads {args.threads}",
+        f"- Machine: {platform.machine()}, {cpu_model()}, {_ncpu()} CPUs visible; model threads {args.threads}",
         f"- Python {platform.python_version()}, llguidance {version('llguidance')}, numpy {version('numpy')}, "
         f"llama-cpp-python {version('llama_cpp_python')}, pydantic {version('pydantic')}",
         f"- Model load {load_s:.2f} s; llguidance tokenizer for the vocabulary (once per model) {tok_s * 1e3:.0f} ms",
@@ -330,16 +331,6 @@ def main() -> None:
     if not args.no_write:
         OUT.write_text(report, encoding="utf-8")
         print(f"wrote {OUT}")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _ncpu() -> int:

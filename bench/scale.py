@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _env import package_versions
 from pydantic import BaseModel, Field
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,15 +127,7 @@ def on_ray(ray: Any, docs: list[dict[str, Any]], actors: int, default_gguf: Path
 
 
 def versions() -> str:
-    from importlib.metadata import version
-
-    out = []
-    for pkg in ("ray", "pyarrow", "llama-cpp-python", "llguidance", "pocket-agent-mnn"):
-        try:
-            out.append(f"{pkg} {version(pkg)}")
-        except Exception:
-            out.append(f"{pkg} not installed")
-    return ", ".join(out)
+    return package_versions(("ray", "pyarrow", "llama-cpp-python", "llguidance", "pocket-agent-mnn"))
 
 
 def main() -> int:

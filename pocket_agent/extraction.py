@@ -33,6 +33,7 @@ from .grounding import (
     choose_numbers,
     document_grammar,
     field_confidence,
+    json_members,
 )
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
@@ -555,40 +556,14 @@ def complete_fields(prefix: str) -> dict[str, Any]:
     A value counts as complete once the delimiter after it (``,`` or ``}``) has arrived,
     so a number like ``12`` is not reported before it could still become ``123``.
     """
-    dec = json.JSONDecoder()
     out: dict[str, Any] = {}
-    i = prefix.find("{")
-    if i < 0:
-        return out
-    i += 1
     n = len(prefix)
-    while i < n:
-        while i < n and prefix[i] in " \t\r\n,":
-            i += 1
-        if i >= n or prefix[i] == "}":
+    for key, value, _, end in json_members(prefix):
+        while end < n and prefix[end] in " \t\r\n":
+            end += 1
+        if end >= n or prefix[end] not in ",}":
             break
-        try:
-            key, i = dec.raw_decode(prefix, i)
-        except ValueError:
-            break
-        while i < n and prefix[i] in " \t\r\n":
-            i += 1
-        if i >= n or prefix[i] != ":":
-            break
-        i += 1
-        while i < n and prefix[i] in " \t\r\n":
-            i += 1
-        try:
-            value, j = dec.raw_decode(prefix, i)
-        except ValueError:
-            break
-        k = j
-        while k < n and prefix[k] in " \t\r\n":
-            k += 1
-        if k >= n or prefix[k] not in ",}":
-            break
-        out[str(key)] = value
-        i = k
+        out[key] = value
     return out
 
 

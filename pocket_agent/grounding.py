@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -55,6 +55,7 @@ __all__ = [
     "choose_numbers",
     "document_grammar",
     "field_confidence",
+    "json_members",
 ]
 
 MAX_NUMBER_OPTIONS = 16
@@ -107,33 +108,43 @@ class Extraction(Generic[T]):
         return [k for k, v in self.confidence.items() if v < below]
 
 
+def json_members(text: str) -> Iterator[tuple[str, Any, int, int]]:
+    """``(key, value, start, end)`` of each top-level member of the JSON object that
+    ``text`` starts (possibly cut off), in order, up to the first one that does not parse;
+    ``text[start:end]`` is the value's JSON text."""
+    dec = json.JSONDecoder()
+    i = text.find("{")
+    if i < 0:
+        return
+    i += 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "}":
+            return
+        try:
+            key, i = dec.raw_decode(text, i)
+        except ValueError:
+            return
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n or text[i] != ":":
+            return
+        i += 1
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        try:
+            value, j = dec.raw_decode(text, i)
+        except ValueError:
+            return
+        yield str(key), value, i, j
+        i = j
+
+
 def _value_spans(raw: str) -> dict[str, tuple[int, int]]:
     """Character span of every top-level value of the JSON object ``raw``."""
-    dec = json.JSONDecoder()
-    out: dict[str, tuple[int, int]] = {}
-    i = raw.find("{")
-    if i < 0:
-        return out
-    i += 1
-    n = len(raw)
-    while i < n:
-        while i < n and raw[i] in " \t\r\n,":
-            i += 1
-        if i >= n or raw[i] == "}":
-            break
-        try:
-            key, i = dec.raw_decode(raw, i)
-        except ValueError:
-            break
-        while i < n and raw[i] in " \t\r\n:":
-            i += 1
-        try:
-            _, j = dec.raw_decode(raw, i)
-        except ValueError:
-            break
-        out[str(key)] = (i, j)
-        i = j
-    return out
+    return {key: (start, end) for key, _, start, end in json_members(raw)}
 
 
 def _log_softmax_at(row: Any, tok: int) -> float:
