@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Set up pocket_agent with its dev and convert extras in .venv, build the cached test
+# Set up pocket_agent with its dev, convert, server, ray and train extras in .venv, build the cached test
 # models, and run the whole test suite. Exits non-zero if any test fails or none ran.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-source "$ROOT/scripts/setup_env.sh" "dev,convert,server,ray"
+source "$ROOT/scripts/setup_env.sh" "dev,convert,server,ray,train"
 PY="$ROOT/.venv/bin/python"
 # SmolLM2 converted to MNN, built once per machine into ~/.cache/pocket_agent (about a minute).
 "$PY" scripts/build_fixtures.py --skip-tiny --smollm2

@@ -1,4 +1,4 @@
-"""Model conversion: GGUF or Hugging Face folders to MNN LLM builds.
+"""Model conversion: GGUF or Hugging Face folders to MNN LLM builds, GGUF to Hugging Face.
 
 Importing this package is cheap: torch, transformers and llmexport are used only by
 subprocesses that :func:`convert_to_mnn` starts. They come with the ``convert`` extra::
@@ -26,6 +26,7 @@ from pocket_agent.convert._mnn import (
     missing_convert_modules,
     read_chat_template_from_hf,
 )
+from pocket_agent.runtime._hf_checkpoint import hf_checkpoint
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -38,6 +39,7 @@ __all__ = [
     "convert_to_mnn",
     "default_gguf_path",
     "ensure_default_mnn",
+    "hf_checkpoint",
     "is_gguf_file",
     "main_convert",
     "missing_convert_modules",

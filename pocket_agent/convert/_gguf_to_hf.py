@@ -1,6 +1,7 @@
 """Rebuild a plain transformers checkpoint from a GGUF file.
 
-Run as a script in a subprocess by :func:`pocket_agent.convert.convert_to_mnn`::
+Run as a script in a subprocess by :func:`pocket_agent.convert.convert_to_mnn` and
+:func:`pocket_agent.convert.hf_checkpoint`::
 
     python _gguf_to_hf.py MODEL.gguf OUT_DIR
 
@@ -89,6 +90,7 @@ def main(argv: list[str]) -> int:
     info = {
         "architecture": arch,
         "model_type": config.model_type,
+        "name": meta.get("general.name") if isinstance(meta.get("general.name"), str) else None,
         "chat_template": template if isinstance(template, str) else None,
     }
     with open(os.path.join(out_dir, "pocket_agent_source.json"), "w", encoding="utf-8") as f:

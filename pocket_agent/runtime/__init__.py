@@ -1,7 +1,8 @@
-"""Runtime layer: one model protocol, two backends (llama.cpp for GGUF, MNN for MNN builds).
+"""Runtime layer: one model protocol, three backends (llama.cpp for GGUF, MNN for MNN builds,
+transformers for Hugging Face checkpoints and training).
 
-Nothing outside this package imports ``llama_cpp`` or ``MNN``; backends are imported only
-when a model of their kind is loaded.
+Nothing outside this package imports ``llama_cpp``, ``MNN`` or ``torch``; backends are
+imported only when a model of their kind is loaded.
 """
 
 from .base import (

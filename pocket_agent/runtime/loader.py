@@ -1,7 +1,9 @@
 """``load_model``: pick the backend from the source and load the model.
 
 A ``.gguf`` file goes to llama.cpp; an MNN build (its ``config.json`` or the folder that
-holds it) goes to MNN. Without a source, ``POCKET_AGENT_MODEL`` is used, else the
+holds it) goes to MNN; a Hugging Face checkpoint folder goes to transformers (the
+``train`` extra), which also loads a GGUF when asked with ``backend="transformers"``.
+Without a source, ``POCKET_AGENT_MODEL`` is used, else the
 embedded default model. :func:`get_default_model` keeps one process-wide model that
 ``extract``/``Agent``/``decide`` share.
 """
@@ -17,7 +19,8 @@ from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
 
-Backend = Literal["llamacpp", "mnn"]
+Backend = Literal["llamacpp", "mnn", "transformers"]
+BACKENDS: tuple[Backend, ...] = ("llamacpp", "mnn", "transformers")
 ENV_MODEL = "POCKET_AGENT_MODEL"
 MNN_CONFIG = "config.json"
 
@@ -45,23 +48,41 @@ def detect_backend(path: Path) -> tuple[Backend, Path]:
         cfg = path / MNN_CONFIG
         if cfg.is_file() and _looks_like_mnn_config(cfg):
             return "mnn", cfg
+        if cfg.is_file() and _looks_like_hf_checkpoint(path):
+            return "transformers", path
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return "llamacpp", ggufs[0]
         raise ModelNotFoundError(
-            f"{path} holds no model build: expected an MNN build (config.json + llm.mnn) or a single "
-            f".gguf file{'; found several .gguf files, name one' if ggufs else ''}."
+            f"{path} holds no model build: expected an MNN build (config.json + llm.mnn), a Hugging Face "
+            f"checkpoint (config.json + *.safetensors) or a single .gguf file"
+            f"{'; found several .gguf files, name one' if ggufs else ''}."
         )
     if path.suffix.lower() == ".gguf":
         return "llamacpp", path
     if path.name.endswith(".json"):
         if _looks_like_mnn_config(path):
             return "mnn", path
+        if path.name == MNN_CONFIG and _looks_like_hf_checkpoint(path.parent):
+            return "transformers", path.parent
         raise ModelLoadError(f"{path} is not the config.json of an MNN LLM build (no llm_model/llm.mnn entry).")
     with path.open("rb") as f:
         if f.read(4) == b"GGUF":
             return "llamacpp", path
     raise ModelLoadError(f"{path} is neither a .gguf file nor the config.json of an MNN build.")
+
+
+def _looks_like_hf_checkpoint(folder: Path) -> bool:
+    """A transformers checkpoint: config.json with a ``model_type`` and weights beside it."""
+    import json
+
+    try:
+        data = json.loads((folder / MNN_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        return False
+    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
 
 
 def _looks_like_mnn_config(cfg: Path) -> bool:
@@ -89,9 +110,11 @@ def load_model(
     """Load a model.
 
     Args:
-        source: a ``.gguf`` file, an MNN build's ``config.json`` or its folder. ``None``
-            uses ``$POCKET_AGENT_MODEL``, else the embedded default model.
-        backend: ``"llamacpp"`` or ``"mnn"`` to override detection.
+        source: a ``.gguf`` file, an MNN build's ``config.json`` or its folder, or a Hugging
+            Face checkpoint folder. ``None`` uses ``$POCKET_AGENT_MODEL``, else the embedded
+            default model.
+        backend: ``"llamacpp"``, ``"mnn"`` or ``"transformers"`` to override detection; a
+            GGUF loads with transformers only when asked (it is converted once, cached).
         threads: CPU threads (default: ``$POCKET_AGENT_THREADS``, else the cores this process
             may use: CPU affinity, the cgroup's CPU quota and ``$OMP_NUM_THREADS`` respected).
         n_ctx: context window in tokens (default: the model's, capped at 4096).
@@ -100,7 +123,8 @@ def load_model(
             ``extra_buffers=False`` keeps GGUF weights out of llama.cpp's extra buffer types
             (AMX, repacked layouts); the default decides from the CPU and turns them off
             where llama.cpp would use Intel AMX, which crashes on prompts
-            (``$POCKET_AGENT_EXTRA_BUFFERS=1|0|auto`` sets it for every load).
+            (``$POCKET_AGENT_EXTRA_BUFFERS=1|0|auto`` sets it for every load). Transformers
+            takes ``n_batch`` and ``cache_dir`` (where a GGUF's conversion is kept).
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")
@@ -109,15 +133,20 @@ def load_model(
     path = resolve_source(source)
     detected, target = detect_backend(path)
     chosen = backend or detected
-    if chosen not in ("llamacpp", "mnn"):
-        raise InvalidInputError(f"backend must be 'llamacpp' or 'mnn', got {backend!r}.")
-    if chosen != detected:
+    if chosen not in BACKENDS:
+        raise InvalidInputError(f"backend must be 'llamacpp', 'mnn' or 'transformers', got {backend!r}.")
+    gguf_on_transformers = chosen == "transformers" and detected == "llamacpp"
+    if chosen != detected and not gguf_on_transformers:
         raise InvalidInputError(f"{path} is a {detected} model; it cannot be loaded with backend={chosen!r}.")
     model: Model
     if chosen == "llamacpp":
         from .llamacpp import LlamaCppModel
 
         model = LlamaCppModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+    elif chosen == "transformers":
+        from .hf import TransformersModel
+
+        model = TransformersModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
     else:
         from .mnn import MnnModel
 
