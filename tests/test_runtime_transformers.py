@@ -400,13 +400,19 @@ class Person(BaseModel):
     age: int
 
 
-def test_extract_and_decide_on_transformers(smol_tf: Model) -> None:
+def test_extract_and_decide_on_transformers(smol_tf: Model, smollm: Model) -> None:
     person = extract("Maria Lopez is 34 years old and lives in Madrid.", Person, model=smol_tf, max_tokens=40)
     assert isinstance(person, Person)
     Person.model_validate(person.model_dump())
-    for method in ("auto", "cloze"):
-        d = decide(
-            "Is this review positive?", ["no", "yes"], context="I loved it, great film!", model=smol_tf, method=method
-        )
-        assert d.choice in ("no", "yes") and d.method != "auto"
-        assert abs(sum(d.scores) - 1.0) < 1e-6
+    # the Dec adapter shipped for SmolLM2 is found by model identity and reads inner-layer
+    # states; measured: the same choices as llama.cpp, probabilities within 0.03
+    question, options = "Is this review positive?", ["no", "yes"]
+    for context in ("I loved it, great film!", "Boring and far too long."):
+        d = decide(question, options, context=context, model=smol_tf)
+        ref = decide(question, options, context=context, model=smollm)
+        assert d.method == ref.method == "pointer"
+        assert d.choice == ref.choice
+        assert max(abs(a - b) for a, b in zip(d.scores, ref.scores, strict=True)) < 0.1
+    d = decide("Which is a fruit?", ["car", "apple", "chair"], model=smol_tf, method="cloze")
+    assert d.choice in ("car", "apple", "chair") and d.method == "cloze"
+    assert abs(sum(d.scores) - 1.0) < 1e-6

@@ -80,7 +80,8 @@ class TransformersModel(Model):
     ``path`` is a Hugging Face checkpoint folder (``config.json``, ``*.safetensors``,
     ``tokenizer.json``) or a GGUF file, converted once into ``cache_dir`` (default
     ``$POCKET_AGENT_CACHE/hf`` or ``~/.cache/pocket_agent/hf``). LoRA adapters are GGUF
-    LoRA files, applied as llama.cpp applies them.
+    LoRA files, applied as llama.cpp applies them. ``threads`` sets torch's thread count,
+    which is process-wide. :attr:`hf_model` is the PyTorch module itself (for training).
     """
 
     backend = "transformers"
@@ -426,7 +427,7 @@ def _load_transformers_model(folder: Path) -> Any:
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a library load prints no progress bar
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a library load prints no bar
     try:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
     except (ValueError, KeyError, OSError) as exc:
@@ -436,7 +437,7 @@ def _load_transformers_model(folder: Path) -> Any:
         ) from exc
     finally:
         if bars:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     model.eval()  # type: ignore[no-untyped-call]
     return model
 
