@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidInputError, PocketAgentError, SchemaError
+from .errors import InvalidInputError, PocketAgentError
 
 
 def _human_size(n: int) -> str:
@@ -89,30 +87,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return main_convert(args)
 
 
-def load_schema(spec: str) -> Any:
-    """A schema from ``module:Class`` (a Pydantic model) or a JSON Schema file path."""
-    path = Path(spec)
-    if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
-            raise InvalidInputError(f"Schema file not found: {path}")
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise SchemaError(f"{path} is not valid JSON: {exc}") from exc
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise InvalidInputError(f"--schema must be module:Class or a .json file, got {spec!r}.")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInputError(f"Cannot import {module_name!r} for --schema: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise InvalidInputError(f"{module_name!r} has no attribute {attr!r}.") from exc
-
-
 def _jsonable(value: Any) -> Any:
     from pydantic import BaseModel
 
@@ -141,7 +115,7 @@ def _read_jsonl_texts(path: Path) -> Iterator[Any]:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from .extraction import extract, extract_many
+    from .extraction import extract, extract_many, load_schema
     from .runtime import load_model
 
     schema = load_schema(args.schema)
@@ -234,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .decision.cli import add_decide_parser
 
     add_decide_parser(sub)
+
+    from .training.cli import add_tune_parser
+
+    add_tune_parser(sub)
 
     from .server.cli import add_serve_parser
 

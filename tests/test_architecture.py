@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "convert": 5,
     "server": 6,
     "distributed": 6,
+    "training": 6,  # adapters trained with torch on top of decision and extraction
     "cli": 7,  # the command line also starts the other faces (pocket-agent serve, extract --ray)
     "__main__": 8,
     "__init__": 9,

@@ -132,7 +132,8 @@ def load_examples(path: str | os.PathLike[str]) -> list[Example]:
     return out
 
 
-def _as_examples(examples: Iterable[Example | Mapping[str, object]]) -> list[Example]:
+def as_examples(examples: Iterable[Example | Mapping[str, object]]) -> list[Example]:
+    """Labelled questions from Example objects or {question, options, answer, context?} rows."""
     if isinstance(examples, (str, bytes, Mapping)):
         raise InvalidInputError("examples must be a list of {question, options, answer, context?} rows.")
     return [e if isinstance(e, Example) else parse_example(i, e) for i, e in enumerate(examples)]
@@ -154,7 +155,7 @@ def extract_features(
     several heads on overlapping data extracts each question once.
     """
     m = resolve_model(model)
-    rows = _as_examples(examples)
+    rows = as_examples(examples)
     tag = (model_identity(m), features.to_json(), prompt_format.to_json())
     keys = [(*tag, e.question, tuple(e.options), e.context) for e in rows]
     out: list[NDArray[np.float32] | None] = [cache.get(k) if cache is not None else None for k in keys]
@@ -371,7 +372,7 @@ def train_head(
     t0 = time.perf_counter()
     training = training or HeadTraining()
     m = resolve_model(model)
-    rows = _as_examples(examples)
+    rows = as_examples(examples)
     split = _split(rows, training)
     extract_spec, candidates = _feature_plan(m, training)
     all_feats = extract_features(

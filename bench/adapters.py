@@ -1,0 +1,243 @@
+"""Adapters trained on this CPU, against the base model, in one run (issue #14).
+
+    python bench/adapters.py decide    # Dec adapter (LoRA + head) vs cloze and the shipped head
+    python bench/adapters.py extract   # SROIE extraction LoRA vs the base model
+    python bench/adapters.py decide --ship   # also writes the Dec adapter shipped in pocket_agent/data/
+
+decide: trained on the train parts of the dev sets in ../shared/data/mcq (bench/decide.py's
+split: seeded permutation, last 30% = test part), scored on the first 60 rows of each
+test part. extract: trained on SROIE receipts 40..202, scored on receipts 0..39 (the rows
+bench/extract.md scores), with bench/extract.py's pipeline (grounded strings, number
+choice). Each task prints a table and rewrites its section of bench/adapters.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import decide as dbench  # noqa: E402
+import extract as xbench  # noqa: E402
+from _env import cpu_model, package_versions  # noqa: E402
+
+from pocket_agent.decision import (  # noqa: E402
+    DecisionAdapter,
+    decide_many,
+    find_shipped_head,
+    load_decision_adapter,
+    model_identity,
+    unload_decision_adapter,
+)
+from pocket_agent.decision.core import forget_default_head  # noqa: E402
+from pocket_agent.runtime import load_model  # noqa: E402
+from pocket_agent.training import DecideTraining, train_decide_adapter  # noqa: E402
+from pocket_agent.training._progress import ProgressBar  # noqa: E402
+from pocket_agent.training._sft import SftTraining  # noqa: E402
+from pocket_agent.training.extract import train_extract_adapter  # noqa: E402
+
+OUT = ROOT / "bench" / "adapters.md"
+DECIDE_SETS = ("arc_easy", "sst2", "boolq", "zh_sentiment")
+N_TEST = 60
+SROIE_TEST = 40
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def header(args: argparse.Namespace, t0: float, load0: str) -> list[str]:
+    vers = package_versions(["pocket-agent-mnn", "torch", "transformers", "llama_cpp_python", "numpy"])
+    python = sys.version.split()[0]
+    return [
+        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/adapters.py "
+        f"{' '.join(sys.argv[1:])}` in {time.time() - t0:.0f} s.",
+        "",
+        f"- Machine: {cpu_model()}, 2 cores; torch threads {args.threads}, llama.cpp threads 1; load average "
+        f"at start / end: {load0} / {dbench.loadavg()} (the cores are shared with other jobs).",
+        f"- Versions: python {python}, {vers}",
+        "- Model: SmolLM2-135M-Instruct Q4_1 (the embedded default); training runs on its dequantised weights "
+        "(float32 torch), inference on llama.cpp with the exported GGUF LoRA.",
+    ]
+
+
+def run_decide(args: argparse.Namespace) -> list[str]:
+    t0, load0 = time.time(), dbench.loadavg()
+    m = load_model(threads=1)
+    forget_default_head(m)
+    rows: list[dict[str, Any]] = []
+    used: dict[str, int] = {}
+    for name in args.train_sets:
+        train, _ = dbench.split(name)
+        used[name] = len(train)
+        rows += train
+    given = {k: v for k, v in {"lr": args.lr, "head_lr": args.head_lr}.items() if v is not None}
+    training = DecideTraining(epochs=args.epochs, threads=args.threads, **given)
+    shipped_path = find_shipped_head(m)  # what ships today, scored before it is replaced
+    shipped_adapter = DecisionAdapter.read(shipped_path) if shipped_path is not None else None
+    log(f"training the Dec adapter on {len(rows)} questions ({used})")
+    rss0 = peak_mb()
+    res = train_decide_adapter(
+        rows,
+        m,
+        training=training,
+        progress=ProgressBar(every=60),
+        metadata={
+            "data": {k: f"../shared/data/mcq/{k}.jsonl train part ({v} rows)" for k, v in used.items()},
+            "split": "seeded permutation (numpy default_rng(0)), last 30% = test part",
+            "script": "bench/adapters.py decide --ship",
+        },
+    )
+    log(res.summary())
+    saved = res.adapter.save(ROOT / "bench" / "out" / "dec-adapter.zip")
+    log(f"wrote {saved}")
+    if args.ship:
+        out = ROOT / "pocket_agent" / "data" / f"dec-{model_identity(m)[:16]}.zip"
+        for old in out.parent.glob(f"dec-{model_identity(m)[:16]}*"):
+            old.unlink()
+        res.adapter.save(out)
+        log(f"wrote {out} ({out.stat().st_size} bytes)")
+    table = []
+    for name in DECIDE_SETS:
+        _, test = dbench.split(name)
+        test = test[:N_TEST]
+        gold = [r["answer"] for r in test]
+        rec: dict[str, Any] = {"set": name}
+        rec["cloze"] = dbench.acc([d.index for d in decide_many(test, model=m, method="cloze")], gold)
+        if shipped_adapter is not None:
+            load_decision_adapter(m, shipped_adapter)
+            rec["shipped"] = dbench.acc([d.index for d in decide_many(test, model=m, method="pointer")], gold)
+            unload_decision_adapter(m)
+        load_decision_adapter(m, res.adapter)
+        t1 = time.perf_counter()
+        rec["dec"] = dbench.acc([d.index for d in decide_many(test, model=m, method="pointer")], gold)
+        rec["dec_ms"] = (time.perf_counter() - t1) * 1000 / len(test)
+        unload_decision_adapter(m)
+        table.append(rec)
+        log(json.dumps(rec))
+    record = json.loads(res.adapter.metadata["training"])
+    lines = header(args, t0, load0)
+    lines += [
+        f"- Data: train parts of {', '.join(f'{k} ({v})' for k, v in used.items())}; {res.n_val} of them held out "
+        f"for early stopping; scored on the first {N_TEST} rows of each test part.",
+        f"- Training: LoRA rank {training.rank} (alpha {training.alpha}) on {record['lora_targets']} of blocks "
+        f"{record['lora_blocks'][0]}..{record['lora_blocks'][1]}, head on block {record['layer']} at the option "
+        f"marker; {res.steps} steps; **{res.seconds / 60:.1f} min, peak memory {max(res.peak_rss_mb, rss0):.0f} MB**; "
+        f"LoRA file {res.adapter.lora_paths['llamacpp'].stat().st_size / 1e6:.1f} MB.",
+        f"- Validation (held-out train rows, llama.cpp): Dec adapter {res.val_accuracy:.3f}, head alone on the base "
+        f"model {res.base_val_accuracy:.3f}. Validation loss by step (torch): "
+        + ", ".join(f"{h['step']:.0f}: {h['val_loss']:.3f}" for h in res.history),
+        "",
+        "| set | cloze | head shipped before (no LoRA) | **Dec adapter (LoRA + head)** | ms/question |",
+        "|---|---|---|---|---|",
+    ]
+    for r in table:
+        shipped = f"{r['shipped']:.3f}" if "shipped" in r else "-"
+        lines.append(f"| {r['set']} | {r['cloze']:.3f} | {shipped} | **{r['dec']:.3f}** | {r['dec_ms']:.0f} |")
+    lines.append("")
+    lines.append(
+        "One forward pass per question: the prompt once, each option as its own continuation, read after "
+        f"block {record['layer']} on llama.cpp's state-reading context with the LoRA applied there only."
+    )
+    return lines
+
+
+def usable(expected: dict[str, Any]) -> bool:
+    """A training receipt has all four fields and a total that is a number (a few say 'RM41.45')."""
+    if set(expected) != set(xbench.FIELDS):
+        return False
+    try:
+        float(str(expected["total"]).replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def run_extract(args: argparse.Namespace) -> list[str]:
+    t0, load0 = time.time(), dbench.loadavg()
+    m = load_model(threads=1)
+    docs = [json.loads(line) for line in xbench.DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    test, train = docs[:SROIE_TEST], docs[SROIE_TEST:]
+    rows = [{"text": d["text"], "output": d["expected"]} for d in train if usable(d["expected"])]
+    given = {"lr": args.lr} if args.lr is not None else {}
+    training = SftTraining(epochs=args.epochs, threads=args.threads, lora_blocks=args.lora_blocks, **given)
+    log(f"training the extraction LoRA on {len(rows)} receipts")
+    res = train_extract_adapter(
+        rows,
+        xbench.Receipt,
+        m,
+        training=training,
+        progress=ProgressBar(every=60),
+        metadata={"data": f"../shared/data/sroie/receipts.jsonl rows {SROIE_TEST}..{len(docs) - 1}"},
+    )
+    log(res.summary())
+    base = xbench.run_ours(test, m, label="base model")
+    lora = m.load_lora(res.path)
+    tuned = xbench.run_ours(test, m, label="with the extraction LoRA")
+    m.remove_lora(lora)
+    lines = header(args, t0, load0)
+    lines += [
+        f"- Data: trained on {len(rows)} SROIE receipts (rows {SROIE_TEST}..{len(docs) - 1} with all four "
+        "fields and a numeric total), "
+        f"{res.n_val} of them held out for early stopping; scored on receipts 0..{SROIE_TEST - 1}.",
+        f"- Training: LoRA rank {training.rank} on the last {training.lora_blocks} blocks; {res.steps} steps; "
+        f"**{res.seconds / 60:.1f} min, peak memory {res.peak_rss_mb:.0f} MB**; LoRA file "
+        f"{res.path.stat().st_size / 1e6:.1f} MB; validation loss per answer token {res.base_val_loss:.3f} -> "
+        f"{res.val_loss:.3f}.",
+        "",
+        "| contender | valid | " + " | ".join(xbench.FIELDS) + " | sum of exact fields | s/doc |",
+        "|---|---|" + "---|" * len(xbench.FIELDS) + "---|---|",
+    ]
+    for r in (base, tuned):
+        accs = [r.field_acc(f) for f in xbench.FIELDS]
+        total = sum(round(a * len(test)) for a in accs)
+        lines.append(
+            f"| {r.name} | {sum(r.valid)}/{len(test)} | "
+            + " | ".join(f"{a:.2f}" for a in accs)
+            + f" | {total} | {np.mean(r.seconds):.2f} |"
+        )
+    return lines
+
+
+def write_section(task: str, lines: list[str]) -> None:
+    title = {"decide": "## decide: the Dec adapter", "extract": "## extract: an extraction LoRA"}[task]
+    text = OUT.read_text(encoding="utf-8") if OUT.exists() else "# Adapters trained on the CPU (`bench/adapters.py`)\n"
+    body = title + "\n\n" + "\n".join(lines).rstrip() + "\n"
+    pattern = re.compile(re.escape(title) + r"\n.*?(?=\n## |\Z)", re.S)
+    text = pattern.sub(lambda _: body.rstrip("\n"), text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
+    OUT.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("task", choices=["decide", "extract"])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=None, help="LoRA learning rate (default: the task's)")
+    ap.add_argument("--head-lr", type=float, default=None, help="(decide) head learning rate")
+    ap.add_argument("--lora-blocks", type=int, default=10, help="(extract) blocks carrying the LoRA")
+    ap.add_argument("--train-sets", type=lambda s: s.split(","), default=list(dbench.SHIPPED_SETS))
+    ap.add_argument("--ship", action="store_true", help="(decide) write the adapter into pocket_agent/data/")
+    args = ap.parse_args()
+    lines = run_decide(args) if args.task == "decide" else run_extract(args)
+    print("\n".join(lines))
+    write_section(args.task, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

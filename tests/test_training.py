@@ -1,0 +1,220 @@
+"""Training a Dec adapter (LoRA + pointer head) on the CPU, its GGUF LoRA export, and resuming.
+
+Runs on the tiny fixture (2 blocks, width 64) and its own Hugging Face folder, so each
+training takes seconds. The shipped adapter of the default model is checked in
+test_decision.py; its accuracy lives in bench/decide.md.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+torch = pytest.importorskip("torch", reason="the train extra (torch) is not installed")
+
+from conftest import FIXTURES  # noqa: E402
+
+from pocket_agent.decision import (  # noqa: E402
+    DecisionAdapter,
+    decide,
+    load_decision_adapter,
+    unload_decision_adapter,
+)
+from pocket_agent.errors import AdapterError, InvalidInputError  # noqa: E402
+from pocket_agent.runtime import Model, StatesRequest  # noqa: E402
+from pocket_agent.training import DecideTraining, train_decide_adapter  # noqa: E402
+from pocket_agent.training._lora import read_gguf_lora_metadata, write_gguf_lora  # noqa: E402
+
+TINY_HF = FIXTURES / "tiny-qwen3" / "hf"
+FAST = DecideTraining(layer=0, lora_blocks=1, rank=4, epochs=1, batch_tokens=256, threads=1, evals_per_epoch=1)
+
+
+def _examples(n: int, seed: int = 0) -> list[dict[str, object]]:
+    """A learnable toy task: is the word in the review 'good' or 'bad'?"""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        good = rng.random() < 0.5
+        word = rng.choice(["good", "great", "fine"] if good else ["bad", "awful", "poor"])
+        rows.append(
+            {
+                "question": "Is the review positive?",
+                "context": f"Review {i}: the food was {word}.",
+                "options": ["no", "yes"],
+                "answer": int(good),
+            }
+        )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_gguf: Model) -> object:
+    return train_decide_adapter(_examples(24), tiny_gguf, training=FAST, checkpoint=TINY_HF)
+
+
+def test_trained_adapter_has_a_lora_and_a_head_and_decides(trained: object, tiny_gguf: Model, tmp_path: Path) -> None:
+    res = trained
+    adapter = res.adapter  # type: ignore[attr-defined]
+    assert set(adapter.lora_paths) == {"llamacpp"}
+    record = json.loads(adapter.metadata["training"])
+    assert record["task"] == "decide" and record["rank"] == 4 and record["steps"] == res.steps > 0  # type: ignore[attr-defined]
+    assert record["n_train"] + record["n_val"] == 24
+    lora_meta = read_gguf_lora_metadata(adapter.lora_paths["llamacpp"])
+    assert lora_meta["task"] == "decide" and lora_meta["base_model_id"] == adapter.base_model_id
+    path = adapter.save(tmp_path / "tiny.dec.zip")
+    back = DecisionAdapter.read(path)
+    assert set(back.lora_paths) == {"llamacpp"}
+    load_decision_adapter(tiny_gguf, back)
+    try:
+        d = decide("Is the review positive?", ["no", "yes"], context="the food was good.", model=tiny_gguf)
+        assert d.method == "pointer" and abs(sum(d.scores) - 1.0) < 1e-6
+    finally:
+        unload_decision_adapter(tiny_gguf)
+
+
+def test_the_exported_lora_changes_the_states_it_was_trained_on(trained: object, tiny_gguf: Model) -> None:
+    adapter = trained.adapter  # type: ignore[attr-defined]
+    ids = tiny_gguf.tokenize("the food was good.")
+    req = [StatesRequest(prefix=ids, prefix_positions=[len(ids) - 1])]
+    base = tiny_gguf.layer_states(req, layer=0)[0].prefix
+    lora = tiny_gguf.open_lora(adapter.lora_paths["llamacpp"])
+    try:
+        on = tiny_gguf.layer_states(req, layer=0, loras=[(lora, 1.0)])[0].prefix
+        off = tiny_gguf.layer_states(req, layer=0, loras=[(lora, 0.0)])[0].prefix
+    finally:
+        tiny_gguf.close_lora(lora)
+    assert np.abs(on - base).max() > 1e-4
+    np.testing.assert_array_equal(off, base)
+
+
+def test_a_zero_lora_written_by_us_reproduces_the_base_model(tiny_gguf: Model, tmp_path: Path) -> None:
+    n = tiny_gguf.info.n_embd
+    state = {
+        "blk.0.attn_v.weight.lora_a": torch.randn(2, n),
+        "blk.0.attn_v.weight.lora_b": torch.zeros(tiny_gguf_kv_width(tiny_gguf), 2),
+    }
+    path = write_gguf_lora(tmp_path / "zero.gguf", state, architecture="qwen3", alpha=2.0, metadata={"task": "x"})
+    ids = tiny_gguf.tokenize("hello there")
+    tiny_gguf.reset()
+    base = tiny_gguf.eval(ids, logits="all").logits
+    adapter = tiny_gguf.load_lora(path)
+    try:
+        tiny_gguf.reset()
+        with_lora = tiny_gguf.eval(ids, logits="all").logits
+    finally:
+        tiny_gguf.remove_lora(adapter)
+        tiny_gguf.reset()
+    np.testing.assert_array_equal(with_lora, base)
+
+
+def tiny_gguf_kv_width(model: Model) -> int:
+    cfg = json.loads((TINY_HF / "config.json").read_text())
+    return int(cfg["num_key_value_heads"]) * int(cfg["head_dim"])
+
+
+def test_training_is_reproducible_with_a_seed(tiny_gguf: Model) -> None:
+    a = train_decide_adapter(_examples(16), tiny_gguf, training=FAST, checkpoint=TINY_HF)
+    b = train_decide_adapter(_examples(16), tiny_gguf, training=FAST, checkpoint=TINY_HF)
+    assert a.adapter.lora_paths["llamacpp"].read_bytes() == b.adapter.lora_paths["llamacpp"].read_bytes()
+    np.testing.assert_array_equal(a.adapter.head.weight, b.adapter.head.weight)
+
+
+def test_training_resumes_from_its_saved_state(tiny_gguf: Model, tmp_path: Path) -> None:
+    rows = _examples(16)
+    state = tmp_path / "state"
+    one = train_decide_adapter(rows, tiny_gguf, training=FAST, checkpoint=TINY_HF, resume=state)
+    assert (state / "state.pt").is_file()
+    two_epochs = DecideTraining(**{**FAST.__dict__, "epochs": 2})
+    with pytest.raises(InvalidInputError, match="different training"):
+        train_decide_adapter(rows, tiny_gguf, training=two_epochs, checkpoint=TINY_HF, resume=state)
+    more = train_decide_adapter(rows, tiny_gguf, training=FAST, checkpoint=TINY_HF, resume=state)
+    # the saved state says epoch 1 of 1 is done: nothing is trained again
+    assert more.steps == one.steps
+    assert more.history == one.history
+    with pytest.raises(InvalidInputError, match="different training"):
+        train_decide_adapter(_examples(16, seed=1), tiny_gguf, training=FAST, checkpoint=TINY_HF, resume=state)
+
+
+def test_an_adapter_is_refused_by_another_base_model(trained: object, smollm: Model) -> None:
+    with pytest.raises(AdapterError, match="trained for base model"):
+        load_decision_adapter(smollm, trained.adapter)  # type: ignore[attr-defined]
+
+
+def test_bad_training_input_is_a_typed_error(tiny_gguf: Model) -> None:
+    with pytest.raises(InvalidInputError, match="too few"):
+        train_decide_adapter(_examples(3), tiny_gguf, training=FAST, checkpoint=TINY_HF)
+    with pytest.raises(InvalidInputError, match="positive integer"):
+        DecideTraining(epochs=0)
+    with pytest.raises(InvalidInputError, match="not a Hugging Face checkpoint"):
+        train_decide_adapter(_examples(12), tiny_gguf, training=FAST, checkpoint=FIXTURES)
+    with pytest.raises(InvalidInputError, match="layer"):
+        train_decide_adapter(_examples(12), tiny_gguf, training=DecideTraining(layer=5), checkpoint=TINY_HF)
+
+
+# -- extraction adapters ---------------------------------------------------------------
+
+
+def _receipts(n: int) -> list[dict[str, object]]:
+    rng = random.Random(0)
+    rows = []
+    for i in range(n):
+        shop = rng.choice(["ACME", "Bolt Ltd", "Corner Shop", "Delta Mart"])
+        total = f"{rng.randint(1, 99)}.{rng.randint(0, 99):02d}"
+        text = f"{shop}\nReceipt {i}\nItem 1.00\nTOTAL {total}\nThank you"
+        rows.append({"text": text, "output": {"shop": shop, "total": total}})
+    return rows
+
+
+class Shop(BaseModel):
+    shop: str
+    total: float
+
+
+def test_an_extraction_adapter_learns_the_answers_and_applies_at_run_time(tiny_gguf: Model, tmp_path: Path) -> None:
+    from pocket_agent import extract
+    from pocket_agent.training import SftTraining, train_extract_adapter
+
+    training = SftTraining(lora_blocks=2, rank=4, epochs=3, batch_tokens=512, lr=3e-3, threads=1, patience=3)
+    res = train_extract_adapter(_receipts(24), Shop, tiny_gguf, training=training, checkpoint=TINY_HF)
+    assert res.val_loss < res.base_val_loss  # it learned something about the held-out receipts
+    meta = read_gguf_lora_metadata(res.path)
+    assert meta["task"] == "extract" and json.loads(meta["schema"])["properties"]["shop"]["type"] == "string"
+    path = res.save(tmp_path / "shop.gguf")
+    lora = tiny_gguf.load_lora(path)
+    try:
+        out = extract("Bolt Ltd\nTOTAL 12.50", schema=Shop, model=tiny_gguf)
+        assert isinstance(out, Shop)
+    finally:
+        tiny_gguf.remove_lora(lora)
+    with pytest.raises(InvalidInputError, match="text"):
+        train_extract_adapter([{"output": {}}] * 6, Shop, tiny_gguf, training=training, checkpoint=TINY_HF)
+
+
+def test_tune_command_trains_both_kinds_of_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import TINY_GGUF
+
+    from pocket_agent.cli import main
+
+    data = tmp_path / "decide.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _examples(16)), encoding="utf-8")
+    common = ["--model", str(TINY_GGUF), "--checkpoint", str(TINY_HF), "--epochs", "1", "--rank", "4", "-q", "-t", "1"]
+    out = tmp_path / "tiny.dec.zip"
+    assert main(["tune", "decide", str(data), "-o", str(out), "--layer", "0", "--lora-blocks", "1", *common]) == 0
+    assert DecisionAdapter.read(out).has_lora
+    assert "Dec adapter (LoRA + head)" in capsys.readouterr().out
+
+    rows = tmp_path / "extract.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in _receipts(12)), encoding="utf-8")
+    schema = tmp_path / "shop.json"
+    schema.write_text(json.dumps(Shop.model_json_schema()), encoding="utf-8")
+    gguf = tmp_path / "shop.gguf"
+    assert main(["tune", "extract", str(rows), "--schema", str(schema), "-o", str(gguf), *common]) == 0
+    assert read_gguf_lora_metadata(gguf)["task"] == "extract"
+    # a typed error, exit status 2, and a message that says what to add
+    assert main(["tune", "extract", str(rows), "-o", str(gguf), *common]) == 2
+    assert "--schema" in capsys.readouterr().err
