@@ -86,7 +86,7 @@ def run_decide(args: argparse.Namespace) -> list[str]:
         used[name] = len(train)
         rows += train
     given = {k: v for k, v in {"lr": args.lr, "head_lr": args.head_lr}.items() if v is not None}
-    training = DecideTraining(epochs=args.epochs, threads=args.threads, **given)
+    training = DecideTraining(objective=args.objective, epochs=args.epochs, threads=args.threads, **given)
     shipped_path = find_shipped_head(m)  # what ships today, scored before it is replaced
     shipped_adapter = DecisionAdapter.read(shipped_path) if shipped_path is not None else None
     log(f"training the Dec adapter on {len(rows)} questions ({used})")
@@ -130,15 +130,21 @@ def run_decide(args: argparse.Namespace) -> list[str]:
         table.append(rec)
         log(json.dumps(rec))
     record = json.loads(res.adapter.metadata["training"])
+    reads = (
+        "the head reads the mean log-probability of each option's text"
+        if training.objective == "cloze"
+        else f"the head reads block {record['layer']} at the option marker"
+    )
     lines = header(args, t0, load0)
     lines += [
         f"- Data: train parts of {', '.join(f'{k} ({v})' for k, v in used.items())}; {res.n_val} of them held out "
         f"for early stopping; scored on the first {N_TEST} rows of each test part.",
-        f"- Training: LoRA rank {training.rank} (alpha {training.alpha}) on {record['lora_targets']} of blocks "
-        f"{record['lora_blocks'][0]}..{record['lora_blocks'][1]}, head on block {record['layer']} at the option "
-        f"marker; {res.steps} steps; **{res.seconds / 60:.1f} min, peak memory {max(res.peak_rss_mb, rss0):.0f} MB**; "
+        f"- Training: objective `{training.objective}` ({reads}); LoRA rank {training.rank} (alpha "
+        f"{training.alpha}) on {record['lora_targets']} of blocks {record['lora_blocks'][0]}.."
+        f"{record['lora_blocks'][1]}; {res.steps} steps; **{res.seconds / 60:.1f} min, peak memory "
+        f"{max(res.peak_rss_mb, rss0):.0f} MB**; "
         f"LoRA file {res.adapter.lora_paths['llamacpp'].stat().st_size / 1e6:.1f} MB.",
-        f"- Validation (held-out train rows, llama.cpp): Dec adapter {res.val_accuracy:.3f}, head alone on the base "
+        f"- Validation (held-out train rows, llama.cpp): Dec adapter {res.val_accuracy:.3f}, the same head on the base "
         f"model {res.base_val_accuracy:.3f}. Validation loss by step (torch): "
         + ", ".join(f"{h['step']:.0f}: {h['val_loss']:.3f}" for h in res.history),
         "",
@@ -150,8 +156,8 @@ def run_decide(args: argparse.Namespace) -> list[str]:
         lines.append(f"| {r['set']} | {r['cloze']:.3f} | {shipped} | **{r['dec']:.3f}** | {r['dec_ms']:.0f} |")
     lines.append("")
     lines.append(
-        "One forward pass per question: the prompt once, each option as its own continuation, read after "
-        f"block {record['layer']} on llama.cpp's state-reading context with the LoRA applied there only."
+        "One forward pass per question: the prompt once, each option as its own continuation with the LoRA "
+        "applied (switched on only while the pointer method runs)."
     )
     return lines
 
@@ -231,6 +237,7 @@ def main() -> int:
     ap.add_argument("--head-lr", type=float, default=None, help="(decide) head learning rate")
     ap.add_argument("--lora-blocks", type=int, default=10, help="(extract) blocks carrying the LoRA")
     ap.add_argument("--train-sets", type=lambda s: s.split(","), default=list(dbench.SHIPPED_SETS))
+    ap.add_argument("--objective", choices=["hidden", "cloze"], default="cloze", help="(decide) what the head reads")
     ap.add_argument("--ship", action="store_true", help="(decide) write the adapter into pocket_agent/data/")
     args = ap.parse_args()
     lines = run_decide(args) if args.task == "decide" else run_extract(args)

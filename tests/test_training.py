@@ -218,3 +218,31 @@ def test_tune_command_trains_both_kinds_of_adapter(tmp_path: Path, capsys: pytes
     # a typed error, exit status 2, and a message that says what to add
     assert main(["tune", "extract", str(rows), "-o", str(gguf), *common]) == 2
     assert "--schema" in capsys.readouterr().err
+
+
+def test_a_cloze_objective_adapter_reads_option_log_probabilities_with_its_lora(tiny_gguf: Model) -> None:
+    training = DecideTraining(**{**FAST.__dict__, "objective": "cloze"})
+    res = train_decide_adapter(_examples(16), tiny_gguf, training=training, checkpoint=TINY_HF)
+    adapter = res.adapter
+    assert adapter.features.parts == ("option_logprob",) and adapter.features.layer == "final_norm"
+    assert json.loads(adapter.metadata["training"])["lora_blocks"] == [1, 1]  # the last block of two
+    load_decision_adapter(tiny_gguf, adapter)
+    try:
+        before = list(tiny_gguf.loras)
+        d = decide("Is the review positive?", ["no", "yes"], context="the food was bad.", model=tiny_gguf)
+        assert d.method == "pointer"
+        # the LoRA is on only while the pointer method runs
+        assert [a.scale for a in tiny_gguf.loras] == [a.scale for a in before] == [0.0]
+    finally:
+        unload_decision_adapter(tiny_gguf)
+
+
+def test_a_lora_for_another_base_model_is_refused_before_it_reaches_llama_cpp(
+    trained: object, smollm: Model, tiny_gguf: Model
+) -> None:
+    path = trained.adapter.lora_paths["llamacpp"]  # type: ignore[attr-defined]
+    with pytest.raises(AdapterError, match="was trained for base model"):
+        smollm.load_lora(path)
+    with pytest.raises(AdapterError, match="was trained for base model"):
+        smollm.open_lora(path)
+    tiny_gguf.remove_lora(tiny_gguf.load_lora(path))  # its own base takes it

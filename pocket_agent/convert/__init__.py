@@ -15,7 +15,6 @@ from pocket_agent.convert._default import (
     ensure_default_mnn,
     sha256_file,
 )
-from pocket_agent.convert._gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 from pocket_agent.convert._mnn import (
     INSTALL_HINT,
     SUPPORTED_GGUF_ARCHITECTURES,
@@ -27,6 +26,7 @@ from pocket_agent.convert._mnn import (
     read_chat_template_from_hf,
 )
 from pocket_agent.runtime._hf_checkpoint import hf_checkpoint
+from pocket_agent.runtime.gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 
 __all__ = [
     "DEFAULT_MODEL_NAME",

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pocket_agent.convert._gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 from pocket_agent.errors import ConversionError, InvalidInputError, PocketAgentError
+from pocket_agent.runtime.gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 
 INSTALL_HINT = "pip install 'pocket-agent-mnn[convert]'"
 

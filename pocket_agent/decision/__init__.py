@@ -8,8 +8,8 @@ trained Dec adapter: a small head reads the hidden state that closes each option
 saved and loaded as described in ``FORMAT.md``.
 """
 
+from ..runtime.identity import model_identity
 from ._features import FeatureSpec
-from ._identity import model_identity
 from ._layout import DEFAULT_FORMAT, PromptFormat
 from .adapter import (
     DecisionAdapter,

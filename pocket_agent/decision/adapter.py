@@ -19,9 +19,9 @@ import numpy as np
 
 from ..errors import AdapterError
 from ..runtime import LoraAdapter, Model
+from ..runtime.identity import IDENTITY_SCHEME, model_identity
 from ._features import FeatureSpec
 from ._head import LinearHead
-from ._identity import IDENTITY_SCHEME, model_identity
 from ._layout import DEFAULT_FORMAT, PromptFormat
 
 FORMAT_NAME = "pocket-agent-dec"

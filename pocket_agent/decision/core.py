@@ -27,9 +27,9 @@ from ..runtime import (
     common_prefix_length,
     resolve_model,
 )
+from ..runtime.identity import model_identity
 from ._features import FeatureSpec, PassRows, build_features, log_softmax_at, logsumexp, needed_positions
 from ._head import softmax
-from ._identity import model_identity
 from ._layout import (
     DEFAULT_FORMAT,
     LISTED_FORMAT,

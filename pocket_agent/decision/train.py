@@ -14,9 +14,9 @@ from numpy.typing import NDArray
 
 from ..errors import InvalidInputError
 from ..runtime import Model, resolve_model
+from ..runtime.identity import model_identity
 from ._features import FINAL_NORM, FeatureSpec
 from ._head import FitReport, LinearHead, fit_head
-from ._identity import model_identity
 from ._layout import DEFAULT_FORMAT, PromptFormat, check_question
 from .adapter import DecisionAdapter, new_adapter
 from .core import Question, pointer_features, score_questions

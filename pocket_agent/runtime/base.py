@@ -165,6 +165,11 @@ class EvalStats:
     eval_calls: int = 0
 
 
+LORA_BASE_KEY = "pocket_agent.base_model_id"
+"""GGUF LoRA key holding the identity (``model_identity``) of the base model it was trained on."""
+LORA_BASE_NAME_KEY = "pocket_agent.base_model_name"
+
+
 @dataclass
 class LoraAdapter:
     """A LoRA adapter loaded into a model; pass it back to scale or remove it."""
@@ -479,7 +484,28 @@ class Model(abc.ABC):
         p = Path(path)
         if not p.is_file():
             raise AdapterError(f"LoRA adapter file not found: {p}")
+        self._check_lora_base(p)
         return LoraAdapter(path=p, scale=float(scale), handle=self._load_lora(p))
+
+    def _check_lora_base(self, path: Path) -> None:
+        """Refuse a GGUF LoRA that records (``pocket_agent.base_model_id``) another base model."""
+        from .gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
+        from .identity import model_identity
+
+        if not is_gguf_file(path):
+            return
+        try:
+            meta = read_gguf_metadata(path, [LORA_BASE_KEY, LORA_BASE_NAME_KEY])
+        except (GGUFFormatError, OSError) as exc:
+            raise AdapterError(f"{path} is not a readable GGUF LoRA: {exc}") from exc
+        recorded = meta.get(LORA_BASE_KEY)
+        if isinstance(recorded, str) and recorded != model_identity(self):
+            raise AdapterError(
+                f"The LoRA {path.name} was trained for base model {meta.get(LORA_BASE_NAME_KEY, '?')!s} "
+                f"(identity {recorded[:16]}...), not for {self.info.name!r} (identity "
+                f"{model_identity(self)[:16]}...). Load it into the model it was trained on, or train one for "
+                "this model."
+            )
 
     @_locked
     def close_lora(self, adapter: LoraAdapter) -> None:

@@ -34,14 +34,15 @@ from typing import Any
 import numpy as np
 
 from ..decision import FeatureSpec, PromptFormat
+from ..decision._features import FINAL_NORM
 from ..decision._head import LinearHead, fit_head
-from ..decision._identity import model_identity
 from ..decision._layout import DEFAULT_FORMAT, branch_layout
 from ..decision.adapter import DecisionAdapter, new_adapter
 from ..decision.core import Question, pointer_features
 from ..decision.train import Example, as_examples, default_layer
 from ..errors import InvalidInputError
 from ..runtime import Model, resolve_model
+from ..runtime.identity import model_identity
 from ._checkpoint import checkpoint_folder, load_torch_model
 from ._loop import LoopSettings, Trainable, length_batches, peak_rss_mb, run_loop
 from ._lora import LoraConfig, attach_lora, load_lora_state, lora_parameters, lora_state, write_gguf_lora
@@ -55,6 +56,12 @@ class DecideTraining:
     """How a Dec adapter is trained.
 
     Args:
+        objective: what the head reads. ``"hidden"``: the hidden state after block
+            ``layer`` at the marker closing each option (the LoRA sits on the
+            ``lora_blocks`` blocks up to ``layer``). ``"cloze"``: the mean log-probability
+            the model gives each option's text (the LoRA sits on the last ``lora_blocks``
+            blocks and trains through the model's own output head, so the adapter starts
+            from what the model already knows about the answer).
         layer: the block whose output the head reads (``"auto"``: 60% of the depth, as
             ``train_head``).
         lora_blocks: how many blocks up to ``layer`` carry the LoRA (the ones below are
@@ -74,6 +81,7 @@ class DecideTraining:
         threads: torch threads (None: torch's default).
     """
 
+    objective: str = "hidden"
     layer: int | str = "auto"
     lora_blocks: int = 8
     rank: int = 8
@@ -98,6 +106,8 @@ class DecideTraining:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
+        if self.objective not in ("hidden", "cloze"):
+            raise InvalidInputError(f"objective must be 'hidden' or 'cloze', got {self.objective!r}.")
         if self.head_init not in ("fresh", "fitted"):
             raise InvalidInputError(f"head_init must be 'fresh' or 'fitted', got {self.head_init!r}.")
         for name in ("alpha", "lr", "head_lr"):
@@ -137,7 +147,20 @@ class DecideResult:
 class _Item:
     example: Example
     packed: Packed
+    predictions: list[tuple[list[int], list[int]]]
+    """Per option: the packed positions whose logits predict its text tokens, and those tokens."""
     frozen: Any = None  # torch tensor [len, n_embd]: the input of the first LoRA block
+
+
+def _item(example: Example, prefix: list[int], branches: list[list[int]], n_text: list[int]) -> _Item:
+    packed = pack(prefix, branches)
+    predictions = []
+    start = len(prefix)
+    for branch, n in zip(branches, n_text, strict=True):
+        positions = [len(prefix) - 1] + [start + j for j in range(n - 1)]
+        predictions.append((positions, branch[:n]))
+        start += len(branch)
+    return _Item(example, packed, predictions)
 
 
 def _split(rows: list[Example], training: DecideTraining) -> tuple[list[Example], list[Example]]:
@@ -185,8 +208,14 @@ def train_decide_adapter(
     layer = default_layer(m) if training.layer == "auto" else training.layer
     if isinstance(layer, str) or not 0 <= layer < m.info.n_layer - 1:
         raise InvalidInputError(f"layer must be a block index below {m.info.n_layer - 1}, got {training.layer!r}.")
-    first = max(0, layer - training.lora_blocks + 1)
-    spec = FeatureSpec(parts=("hidden@marker",), layer=layer)
+    cloze = training.objective == "cloze"
+    top = m.info.n_layer - 1 if cloze else layer  # the last block the LoRA and the features need
+    first = max(0, top - training.lora_blocks + 1)
+    spec = (
+        FeatureSpec(parts=("option_logprob",), layer=FINAL_NORM)
+        if cloze
+        else FeatureSpec(parts=("hidden@marker",), layer=layer)
+    )
     fmt = training.prompt_format
     bar = progress or ProgressBar(enabled=False)
     train_rows, val_rows = _split(rows, training)
@@ -195,7 +224,7 @@ def train_decide_adapter(
         out = []
         for e in part:
             lay = branch_layout(m, fmt, e.question, e.options, e.context)
-            out.append(_Item(e, pack(lay.prefix, lay.branches)))
+            out.append(_item(e, lay.prefix, lay.branches, lay.n_text))
         return out
 
     train_items, val_items = items_for(train_rows), items_for(val_rows)
@@ -209,6 +238,16 @@ def train_decide_adapter(
             f"({m.info.n_layer} blocks, width {m.info.n_embd})."
         )
 
+    def features(out: Any, it: _Item) -> Any:
+        """``[n_options, dim]`` features of one question from its packed block outputs."""
+        if not cloze:
+            return out[it.packed.marks]
+        rows = []
+        for positions, tokens in it.predictions:
+            logp = torch.log_softmax(hf.lm_head(hf.model.norm(out[positions])), dim=-1)
+            rows.append(logp[torch.arange(len(tokens)), torch.tensor(tokens)].mean())
+        return torch.stack(rows)[:, None]
+
     # 1. frozen blocks once; base features for the initial head
     base_feats: dict[int, np.ndarray] = {}
     all_items = [*train_items, *val_items]
@@ -217,10 +256,10 @@ def train_decide_adapter(
         for group in _batches(all_items, training.batch_tokens, None):
             batch = collate([it.packed for it in group])
             h = run_blocks(hf, embed(hf, batch), batch, range(0, first))
-            out = run_blocks(hf, h, batch, range(first, layer + 1))
+            out = run_blocks(hf, h, batch, range(first, top + 1))
             for i, it in enumerate(group):
                 it.frozen = h[i, : len(it.packed.tokens)].clone()
-                base_feats[id(it)] = out[i, it.packed.marks].numpy().astype(np.float32)
+                base_feats[id(it)] = features(out[i], it).numpy().astype(np.float32)
             done += len(group)
             bar("frozen blocks", done, len(all_items), {})
     head0, _ = fit_head(
@@ -234,14 +273,14 @@ def train_decide_adapter(
     # 2. LoRA + head, jointly
     loras = attach_lora(
         hf.model.layers,
-        LoraConfig(rank=training.rank, alpha=training.alpha, first_block=first, last_block=layer),
+        LoraConfig(rank=training.rank, alpha=training.alpha, first_block=first, last_block=top),
         training.seed,
     )
     mean = torch.tensor(head0.mean, dtype=torch.float32)
     scale = torch.tensor(head0.scale, dtype=torch.float32)
     # A head fitted on the training questions already explains them, so a LoRA trained
     # under it only learns to memorise them; "fresh" starts from zero weights instead.
-    start = head0.weight if training.head_init == "fitted" else np.zeros_like(head0.weight)
+    start = head0.weight if training.head_init == "fitted" or cloze else np.zeros_like(head0.weight)
     weight = torch.nn.Parameter(torch.tensor(start, dtype=torch.float32))
     opt = torch.optim.AdamW(
         [
@@ -256,11 +295,11 @@ def train_decide_adapter(
         h = torch.zeros((len(group), width, hf.config.hidden_size))
         for i, it in enumerate(group):
             h[i, : it.frozen.shape[0]] = it.frozen
-        out = run_blocks(hf, h, batch, range(first, layer + 1))
+        out = run_blocks(hf, h, batch, range(first, top + 1))
         loss = torch.zeros(())
         correct = 0
         for i, it in enumerate(group):
-            scores = ((out[i, it.packed.marks] - mean) * scale) @ weight
+            scores = ((features(out[i], it) - mean) * scale) @ weight
             target = torch.tensor([it.example.answer])
             loss = loss + torch.nn.functional.cross_entropy(scores[None], target)
             correct += int(int(torch.argmax(scores)) == it.example.answer)
@@ -310,8 +349,9 @@ def train_decide_adapter(
         "n_train": len(train_rows),
         "n_val": len(val_rows),
         "seed": training.seed,
-        "layer": layer,
-        "lora_blocks": [first, layer],
+        "objective": training.objective,
+        "layer": spec.layer,
+        "lora_blocks": [first, top],
         "rank": training.rank,
         "alpha": training.alpha,
         "lora_targets": list(LoraConfig().targets),
@@ -336,23 +376,44 @@ def train_decide_adapter(
             "steps": str(step_count),
         },
     )
-    questions = [Question(e.question, list(e.options), e.context) for e in [*train_rows, *val_rows]]
-    base_feats_rt = pointer_features(m, spec, fmt, questions)
-    opened = m.open_lora(lora_path)
-    try:
-        feats = pointer_features(m, spec, fmt, questions, lora=(opened, 1.0))
-    finally:
-        m.close_lora(opened)
     n_tr = len(train_rows)
     val_gold = [e.answer for e in val_rows]
 
-    def refit(fs: list[np.ndarray]) -> tuple[LinearHead, float]:
-        head, _ = fit_head(fs[:n_tr], [e.answer for e in train_rows], stop_x=fs[n_tr:], stop_y=val_gold, refit=False)
-        preds = [int(np.argmax(head.scores(f))) for f in fs[n_tr:]]
-        return head, float(np.mean([p == g for p, g in zip(preds, val_gold, strict=True)]))
+    def accuracy(head: LinearHead, fs: list[np.ndarray]) -> float:
+        preds = [int(np.argmax(head.scores(f))) for f in fs]
+        return float(np.mean([p == g for p, g in zip(preds, val_gold, strict=True)]))
 
-    head, val_acc = refit(feats)
-    _, base_acc = refit(base_feats_rt)
+    if cloze:
+        # One feature: any positive weight ranks the options alike, so the head trained in
+        # torch is kept and only the validation questions are read on the runtime.
+        questions = [Question(e.question, list(e.options), e.context) for e in val_rows]
+        base_feats_rt = pointer_features(m, spec, fmt, questions)
+        loaded = m.load_lora(lora_path)  # final-norm features: the LoRA applies to the generating context
+        try:
+            feats = pointer_features(m, spec, fmt, questions)
+        finally:
+            m.remove_lora(loaded)
+        trained_weight = outcome.best["weight"].numpy().astype(np.float32)
+        head = LinearHead(mean=head0.mean, scale=head0.scale, weight=trained_weight)
+        val_acc, base_acc = accuracy(head, feats), accuracy(head0, base_feats_rt)
+    else:
+        # llama.cpp quantises activations: refit the head on the runtime's own features
+        questions = [Question(e.question, list(e.options), e.context) for e in [*train_rows, *val_rows]]
+        base_feats_rt = pointer_features(m, spec, fmt, questions)
+        opened = m.open_lora(lora_path)
+        try:
+            feats = pointer_features(m, spec, fmt, questions, lora=(opened, 1.0))
+        finally:
+            m.close_lora(opened)
+
+        def refit(fs: list[np.ndarray]) -> LinearHead:
+            head, _ = fit_head(
+                fs[:n_tr], [e.answer for e in train_rows], stop_x=fs[n_tr:], stop_y=val_gold, refit=False
+            )
+            return head
+
+        head = refit(feats)
+        val_acc, base_acc = accuracy(head, feats[n_tr:]), accuracy(refit(base_feats_rt), base_feats_rt[n_tr:])
     record["val_accuracy"] = round(val_acc, 4)
     record["base_head_val_accuracy"] = round(base_acc, 4)
     record["seconds"] = round(time.perf_counter() - t0, 1)

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..decision._identity import model_identity
 from ..errors import InvalidInputError
 from ..extraction import Schema, build_messages, json_schema_of
 from ..generate import render_prompt
 from ..runtime import Model, resolve_model
+from ..runtime.identity import model_identity
 from ._checkpoint import checkpoint_folder, load_torch_model
 from ._loop import peak_rss_mb
 from ._lora import DEFAULT_TARGETS, write_gguf_lora

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 
-from ..runtime import Model
+from .base import Model
 
 IDENTITY_SCHEME = "pocket-agent/model-identity/v1"
 
