@@ -128,7 +128,8 @@ def write_gguf_lora(
     ``lora_a`` is stored as ``[rank, in]`` and ``lora_b`` as ``[out, rank]`` (numpy order;
     GGUF reverses the dimensions). ``metadata`` goes in as ``pocket_agent.*`` string keys:
     llama.cpp ignores extra keys, and they say what the adapter is for and which base it
-    was trained on.
+    was trained on (``base_model_id`` becomes ``pocket_agent.base_model_id``, which
+    ``Model.load_lora`` checks against the model it is loaded into).
     """
     import gguf
 

@@ -1,21 +1,20 @@
 """Train the Dec adapter: a LoRA and a pointer head, jointly, on a CPU.
 
-The head reads the hidden state after block ``layer`` at the marker closing each option,
-in exactly the layout ``decide`` uses (the prompt once, every option as its own
-continuation). Training runs on the model's Hugging Face checkpoint (float32 torch):
+Every question is laid out exactly as ``decide`` lays it out (the prompt once, every
+option as its own continuation closed by a marker), tokenized by the runtime model, so
+training and inference evaluate the same ids. Training runs on the model's Hugging Face
+checkpoint (float32 torch):
 
-1. the prompt and options of every question are tokenized by the runtime model, so
-   training and inference see the same token ids;
-2. blocks below the LoRA are frozen, so their output is computed once per question and
+1. blocks below the LoRA are frozen, so their output is computed once per question and
    cached; only the LoRA blocks run forward and backward in each step;
-3. the head starts as the numpy logistic regression on the base features (what
-   ``train_head`` would give), then LoRA and head are trained together with cross-entropy
-   over each question's options; the LoRA with the best validation loss is kept (early
-   stopping);
-4. the LoRA is exported as a GGUF LoRA, loaded into the runtime model, and the head is
-   refitted on the runtime's own features with that LoRA applied (llama.cpp quantises
-   activations, so its features differ from torch's by ~3%: the shipped head must match
-   what inference computes).
+2. the head reads either the hidden state after block ``layer`` at each option's marker
+   (``objective="hidden"``) or the mean log-probability of each option's text through the
+   model's own output head (``objective="cloze"``); LoRA and head are trained together with
+   cross-entropy over each question's options, and the LoRA with the best validation loss
+   is kept (early stopping);
+3. the LoRA is exported as a GGUF LoRA; for ``hidden`` the head is refitted on llama.cpp's
+   own features with that LoRA applied (llama.cpp quantises activations, so its features
+   differ from torch's by ~3%: the shipped head must match what inference computes).
 """
 
 from __future__ import annotations
