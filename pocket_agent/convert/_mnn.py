@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pocket_agent.errors import ConversionError, InvalidInputError, PocketAgentError
+from pocket_agent.runtime._files import OFFLINE_ENV, log_tail, missing_modules
 from pocket_agent.runtime.gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 
 INSTALL_HINT = "pip install 'pocket-agent-mnn[convert]'"
@@ -97,18 +98,9 @@ _BUILD_FILE_NAMES: frozenset[str] = frozenset(
 _DROP_FILES: tuple[str, ...] = ("llm.mnn.json", "export_args.json")
 
 _TELEMETRY_ENV: dict[str, str] = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
-    "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-    "DO_NOT_TRACK": "1",
-    "DISABLE_TELEMETRY": "1",
-    "TOKENIZERS_PARALLELISM": "false",
+    **OFFLINE_ENV,
     "PIP_NO_INDEX": "1",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-    "PYTHONUNBUFFERED": "1",
     "PYTHONHASHSEED": "0",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
@@ -121,15 +113,7 @@ _LOG_TAIL_LINES = 40
 
 def missing_convert_modules() -> list[str]:
     """PyPI names of the conversion dependencies that are not installed (no imports)."""
-    missing: list[str] = []
-    for module, dist in REQUIRED_MODULES.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(dist)
-    return missing
+    return missing_modules(REQUIRED_MODULES)
 
 
 def _llmexport_dir() -> Path:
@@ -142,15 +126,8 @@ def _llmexport_dir() -> Path:
     return folder
 
 
-def _log_tail(log_path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    # Spinners and progress bars redraw with carriage returns: keep the last frame only.
-    cleaned = [line.rsplit("\r", 1)[-1].rstrip() for line in text.splitlines()]
-    cleaned = [line for line in cleaned if line.strip()]
-    return "\n".join(cleaned[-lines:])
+def _tail(log_path: Path) -> str:
+    return log_tail(log_path, _LOG_TAIL_LINES)
 
 
 def read_chat_template_from_hf(folder: Path) -> str | None:
@@ -294,7 +271,7 @@ def _run(
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise ConversionError(f"{step} timed out after {timeout} s; log tail:\n{_log_tail(log_path)}") from exc
+            raise ConversionError(f"{step} timed out after {timeout} s; log tail:\n{_tail(log_path)}") from exc
         except OSError as exc:
             raise ConversionError(f"{step} could not start: {exc}") from exc
     return proc.returncode
@@ -441,11 +418,10 @@ def convert_to_mnn(
                     timeout=timeout,
                 )
                 if rc == 3:
-                    raise ConversionError(f"unsupported architecture in {src}:\n{_log_tail(log_path, 5)}")
+                    raise ConversionError(f"unsupported architecture in {src}:\n{log_tail(log_path, 5)}")
                 if rc != 0:
                     raise ConversionError(
-                        f"reading {src} with transformers failed (exit {rc}); "
-                        f"log {log_path}, tail:\n{_log_tail(log_path)}"
+                        f"reading {src} with transformers failed (exit {rc}); log {log_path}, tail:\n{_tail(log_path)}"
                     )
             build = work / "mnn"
             cmd = [
@@ -475,7 +451,7 @@ def convert_to_mnn(
                     log.write(export_log.read_text(encoding="utf-8", errors="replace"))
             _check_no_pip(marker, log_path)
             if rc != 0 or not (build / "config.json").is_file():
-                raise ConversionError(f"llmexport failed (exit {rc}); log {log_path}, tail:\n{_log_tail(log_path)}")
+                raise ConversionError(f"llmexport failed (exit {rc}); log {log_path}, tail:\n{_tail(log_path)}")
             _finalize_build(build, template)
             _install_build(build, out)
         ok = True

@@ -11,19 +11,18 @@ only the standard library.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConversionError
+from ._files import OFFLINE_ENV, cache_root, file_lock, log_tail, missing_modules
+from .gguf_meta import is_gguf_file
 
 TRAIN_HINT = "pip install 'pocket-agent-mnn[train]'"
 HF_CACHE_DIR = "hf"
@@ -40,74 +39,6 @@ _REQUIRED: dict[str, str] = {
 }
 
 _SCRIPT = Path(__file__).resolve().parent.parent / "convert" / "_gguf_to_hf.py"
-GGUF_MAGIC = b"GGUF"
-
-# The conversion runs offline and quiet: no hub access, no telemetry.
-_OFFLINE_ENV: dict[str, str] = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
-    "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-    "DO_NOT_TRACK": "1",
-    "DISABLE_TELEMETRY": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-def cache_root() -> Path:
-    """The pocket_agent cache folder: ``$POCKET_AGENT_CACHE`` or ``~/.cache/pocket_agent``."""
-    env = os.environ.get("POCKET_AGENT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pocket_agent"
-
-
-def is_gguf(path: Path) -> bool:
-    """Whether ``path`` is a readable file that starts with the GGUF magic bytes."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (POSIX); a no-op elsewhere."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+b") as fh:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            yield
-            return
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def _log_tail(log_path: Path, lines: int = 30) -> str:
-    try:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    # progress bars redraw with carriage returns: keep each line's last frame
-    cleaned = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
-    return "\n".join([ln for ln in cleaned if ln.strip()][-lines:])
-
-
-def _missing_modules() -> list[str]:
-    missing = []
-    for module, dist in _REQUIRED.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(dist)
-    return missing
 
 
 def _cache_key(src: Path) -> str:
@@ -136,16 +67,16 @@ def hf_checkpoint(gguf_path: str | Path, cache_dir: str | Path | None = None) ->
     src = Path(gguf_path).expanduser().resolve()
     if not src.is_file():
         raise ConversionError(f"GGUF file not found: {src}")
-    if not is_gguf(src):
+    if not is_gguf_file(src):
         raise ConversionError(f"{src} is not a GGUF file (it does not start with the GGUF magic bytes).")
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / HF_CACHE_DIR
     folder = root / f"{src.stem}-{_cache_key(src)}"
     if (folder / STAMP_FILE).is_file():
         return folder
-    with _locked(root / f".{folder.name}.lock"):
+    with file_lock(root / f".{folder.name}.lock"):
         if (folder / STAMP_FILE).is_file():
             return folder
-        missing = _missing_modules()
+        missing = missing_modules(_REQUIRED)
         if missing:
             raise ConversionError(
                 f"Converting a GGUF for the Transformers backend needs {', '.join(missing)}, which are not "
@@ -160,7 +91,7 @@ def _convert(src: Path, root: Path, folder: Path) -> None:
     log_path = root / f".{folder.name}.log"
     if staging.exists():
         shutil.rmtree(staging)
-    env = {**os.environ, **_OFFLINE_ENV}
+    env = {**os.environ, **OFFLINE_ENV}
     started = time.monotonic()
     try:
         with open(log_path, "w", encoding="utf-8") as log:
@@ -176,11 +107,11 @@ def _convert(src: Path, root: Path, folder: Path) -> None:
             except OSError as exc:
                 raise ConversionError(f"the GGUF -> transformers step could not start: {exc}") from exc
         if proc.returncode == EXIT_UNSUPPORTED:
-            raise ConversionError(f"unsupported architecture in {src}: {_log_tail(log_path, 3)}")
+            raise ConversionError(f"unsupported architecture in {src}: {log_tail(log_path, 3)}")
         if proc.returncode != 0 or not (staging / "config.json").is_file():
             raise ConversionError(
                 f"reading {src} with transformers failed (exit {proc.returncode}); log {log_path}, tail:\n"
-                f"{_log_tail(log_path)}"
+                f"{log_tail(log_path)}"
             )
         stamp = {
             "source": str(src),

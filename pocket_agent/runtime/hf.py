@@ -28,7 +28,7 @@ from ..errors import (
     ModelNotFoundError,
 )
 from ._cpu import default_threads
-from ._hf_checkpoint import hf_checkpoint, is_gguf
+from ._hf_checkpoint import hf_checkpoint
 from ._hf_lora import LoraWeights, read_gguf_lora
 from ._hf_tokens import HFTokenizer
 from .base import (
@@ -42,6 +42,7 @@ from .base import (
     common_prefix_length,
 )
 from .chat_template import ChatTemplate, chatml_template
+from .gguf_meta import is_gguf_file
 
 TRAIN_HINT = "pip install 'pocket-agent-mnn[train]'"
 DEFAULT_N_CTX = 4096
@@ -405,7 +406,7 @@ def _resolve_folder(src: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
     """The checkpoint folder for ``src`` and, for a GGUF source, the GGUF file."""
     if not src.exists():
         raise ModelNotFoundError(f"Model not found: {src}")
-    if src.is_file() and is_gguf(src):
+    if src.is_file() and is_gguf_file(src):
         try:
             return hf_checkpoint(src, cache_dir=None if cache_dir is None else Path(cache_dir)), src
         except ConversionError as exc:

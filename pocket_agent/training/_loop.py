@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from ..errors import InvalidInputError
 from ._progress import Progress
 from ._resume import load_state, save_state
 
@@ -36,6 +37,22 @@ def length_batches(
     if rng is not None:
         rng.shuffle(groups)
     return groups
+
+
+def check_settings(settings: object, *, ints: Sequence[str], numbers: Sequence[str]) -> None:
+    """Raise :class:`InvalidInputError` unless ``settings.val_fraction`` lies in (0, 1), the
+    ``ints`` fields are positive integers and the ``numbers`` fields positive finite numbers."""
+    fraction = getattr(settings, "val_fraction", 0.5)
+    if not 0.0 < fraction < 1.0:
+        raise InvalidInputError("val_fraction must be between 0 and 1.")
+    for name in ints:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
+    for name in numbers:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
 
 
 def peak_rss_mb() -> float:

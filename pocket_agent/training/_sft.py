@@ -8,7 +8,6 @@ are frozen and their output is computed once per example.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInputError
-from ._loop import LoopSettings, Trainable, length_batches, run_loop
+from ._loop import LoopSettings, Trainable, check_settings, length_batches, run_loop
 from ._lora import LoraConfig, attach_lora, load_lora_state, lora_parameters, lora_state
 from ._packed import Packed, collate, embed, pack, run_blocks
 from ._progress import Progress
@@ -53,16 +52,11 @@ class SftTraining:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.val_fraction < 1.0:
-            raise InvalidInputError("val_fraction must be between 0 and 1.")
-        for name in ("lora_blocks", "rank", "epochs", "batch_tokens", "patience", "evals_per_epoch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
-        for name in ("alpha", "lr"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
+        check_settings(
+            self,
+            ints=("lora_blocks", "rank", "epochs", "batch_tokens", "patience", "evals_per_epoch"),
+            numbers=("alpha", "lr"),
+        )
 
 
 @dataclass

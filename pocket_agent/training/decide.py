@@ -20,7 +20,6 @@ checkpoint (float32 torch):
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import tempfile
@@ -43,7 +42,7 @@ from ..errors import InvalidInputError
 from ..runtime import Model, resolve_model
 from ..runtime.identity import model_identity
 from ._checkpoint import checkpoint_folder, load_torch_model
-from ._loop import LoopSettings, Trainable, length_batches, peak_rss_mb, run_loop
+from ._loop import LoopSettings, Trainable, check_settings, length_batches, peak_rss_mb, run_loop
 from ._lora import LoraConfig, attach_lora, load_lora_state, lora_parameters, lora_state, write_gguf_lora
 from ._packed import Packed, collate, embed, pack, run_blocks
 from ._progress import Progress, ProgressBar
@@ -99,20 +98,15 @@ class DecideTraining:
     prompt_format: PromptFormat = DEFAULT_FORMAT
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.val_fraction < 1.0:
-            raise InvalidInputError("val_fraction must be between 0 and 1.")
-        for name in ("lora_blocks", "rank", "epochs", "batch_tokens", "patience", "evals_per_epoch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
+        check_settings(
+            self,
+            ints=("lora_blocks", "rank", "epochs", "batch_tokens", "patience", "evals_per_epoch"),
+            numbers=("alpha", "lr", "head_lr"),
+        )
         if self.objective not in ("hidden", "cloze"):
             raise InvalidInputError(f"objective must be 'hidden' or 'cloze', got {self.objective!r}.")
         if self.head_init not in ("fresh", "fitted"):
             raise InvalidInputError(f"head_init must be 'fresh' or 'fitted', got {self.head_init!r}.")
-        for name in ("alpha", "lr", "head_lr"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise InvalidInputError(f"{name} must be a positive number, got {value!r}.")
 
 
 @dataclass
