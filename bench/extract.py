@@ -118,8 +118,20 @@ class Result:
 
 
 def run_ours(
-    docs: list[dict[str, Any]], model: Any, label: str = "ours (pocket_agent.extract)", choose: bool = True
+    docs: list[dict[str, Any]],
+    model: Any,
+    label: str = "ours (pocket_agent.extract)",
+    choose: bool = True,
+    adapter: Any = "auto",
 ) -> Result:
+    """extract()'s pipeline, timed per part; ``adapter`` as extract() takes it ("auto": the shipped LoRA)."""
+    from pocket_agent.runtime.task_adapters import task_adapter
+
+    with task_adapter(model, adapter, "extract"):
+        return _run_ours(docs, model, label, choose)
+
+
+def _run_ours(docs: list[dict[str, Any]], model: Any, label: str, choose: bool) -> Result:
     from pocket_agent import Limits
     from pocket_agent.errors import PocketAgentError
     from pocket_agent.extraction import _prepare, _text_grammar, build_messages
@@ -247,7 +259,7 @@ def main() -> int:
     ap.add_argument(
         "--only",
         nargs="+",
-        default=["ours", "ours-greedy-numbers", "ours-mnn", "llama-cpp", "outlines", "unconstrained"],
+        default=["ours", "ours-base", "ours-greedy-numbers", "ours-mnn", "llama-cpp", "outlines", "unconstrained"],
     )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -264,6 +276,7 @@ def main() -> int:
 
     runners: dict[str, Callable[[], Result]] = {
         "ours": lambda: run_ours(docs, model),
+        "ours-base": lambda: run_ours(docs, model, "ours with the base weights (adapter=None)", adapter=None),
         "ours-greedy-numbers": lambda: run_ours(
             docs, model, "ours without the number choice (numbers decoded greedily)", choose=False
         ),

@@ -114,6 +114,11 @@ def _read_jsonl_texts(path: Path) -> Iterator[Any]:
                 yield row
 
 
+def _adapter_choice(value: str) -> str | None:
+    """``--adapter``: ``auto``, ``none`` or a LoRA file's path."""
+    return None if value.lower() == "none" else value
+
+
 def cmd_extract(args: argparse.Namespace) -> int:
     from .extraction import extract, extract_many, load_schema
     from .runtime import load_model
@@ -129,7 +134,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
         failed = 0
         try:
             for res in extract_many(
-                _read_jsonl_texts(Path(args.many)), schema, model=model, max_tokens=args.max_tokens
+                _read_jsonl_texts(Path(args.many)),
+                schema,
+                model=model,
+                max_tokens=args.max_tokens,
+                adapter=_adapter_choice(args.adapter),
             ):
                 row: dict[str, Any] = {"index": res.index, "ok": res.ok}
                 if res.ok:
@@ -147,7 +156,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     if args.file is None:
         raise InvalidInputError("Give a FILE (or - for stdin), or --many input.jsonl.")
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-    value = extract(text, schema, model=model, max_tokens=args.max_tokens)
+    value = extract(text, schema, model=model, max_tokens=args.max_tokens, adapter=_adapter_choice(args.adapter))
     print(json.dumps(_jsonable(value), ensure_ascii=False, indent=2))
     return 0
 
@@ -193,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_ext.add_argument("--many", default=None, metavar="INPUT.jsonl", help="extract from every line of a JSONL file")
     p_ext.add_argument("--out", "-o", default=None, metavar="OUT.jsonl", help="where --many writes (default stdout)")
     p_ext.add_argument("--max-tokens", type=int, default=None)
+    p_ext.add_argument(
+        "--adapter",
+        default="auto",
+        metavar="auto|none|LORA.gguf",
+        help="extraction LoRA: auto (the one shipped for the model, default), none, or a file from 'tune extract'",
+    )
     p_ext.add_argument(
         "--ray", action="store_true", help="run --many on Ray Data (extra: ray): local Ray, or $RAY_ADDRESS if set"
     )

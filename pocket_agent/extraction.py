@@ -40,6 +40,7 @@ from .grounding import (
 )
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
+from .runtime.task_adapters import AdapterChoice, check_adapter_choice, task_adapter
 
 T = TypeVar("T", bound=BaseModel)
 Schema = type[BaseModel] | Mapping[str, Any]
@@ -170,6 +171,7 @@ class _Prepared:
     retries: int
     grammar_schema: dict[str, Any]
     grounded: Grounding = DEFAULT_GROUNDING
+    adapter: AdapterChoice = "auto"
 
     @property
     def max_tokens(self) -> int:
@@ -185,6 +187,7 @@ def _prepare(
     max_tokens: int | None,
     retries: int,
     grounded: Grounding = DEFAULT_GROUNDING,
+    adapter: AdapterChoice = "auto",
 ) -> _Prepared:
     """Check the options and the schema, resolve the model and compile the grammar."""
     from .grammars import close_objects, compile_grammar
@@ -195,6 +198,7 @@ def _prepare(
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise InvalidInputError(f"retries must be a non-negative integer, got {retries!r}.")
     check_grounding(grounded)
+    check_adapter_choice(adapter)
     js = json_schema_of(schema)
     if isinstance(schema, Mapping):
         try:
@@ -221,6 +225,7 @@ def _prepare(
         retries=retries,
         grammar_schema=grammar_schema,
         grounded=grounded,
+        adapter=adapter,
     )
 
 
@@ -349,7 +354,7 @@ def _extract_prepared(
     examples: Sequence[tuple[str, Any]] | None,
     confidence: bool = False,
 ) -> Any:
-    with p.model.lock:
+    with p.model.lock, task_adapter(p.model, p.adapter, "extract"):
         for item in _attempts(p, text, instructions, examples):
             if isinstance(item, _Done):
                 if confidence:
@@ -374,6 +379,7 @@ def extract(
     retries: int = ...,
     grounded: Grounding = ...,
     confidence: Literal[False] = ...,
+    adapter: AdapterChoice = ...,
 ) -> T: ...
 
 
@@ -391,6 +397,7 @@ def extract(
     retries: int = ...,
     grounded: Grounding = ...,
     confidence: Literal[True],
+    adapter: AdapterChoice = ...,
 ) -> Extraction[T]: ...
 
 
@@ -408,6 +415,7 @@ def extract(
     retries: int = ...,
     grounded: Grounding = ...,
     confidence: bool = ...,
+    adapter: AdapterChoice = ...,
 ) -> Any: ...
 
 
@@ -424,6 +432,7 @@ def extract(
     retries: int = 1,
     grounded: Grounding = DEFAULT_GROUNDING,
     confidence: bool = False,
+    adapter: AdapterChoice = "auto",
 ) -> Any:
     """Extract ``schema`` from ``text``.
 
@@ -451,10 +460,21 @@ def extract(
         confidence: return an :class:`~pocket_agent.grounding.Extraction` whose
             ``confidence`` gives each top-level field the mean probability of the tokens
             the model chose for it (one extra evaluation of the output, no generation).
+        adapter: the extraction LoRA switched on while this call runs: ``"auto"`` (default)
+            the one shipped for the model, if any (the embedded default model has one; a
+            model with LoRAs the caller applied is left as it is), a GGUF LoRA's path
+            (e.g. from ``pocket-agent tune extract``), or ``None`` for the base model.
     """
     _check_text(text)
     p = _prepare(
-        schema, model, sampling=sampling, limits=limits, max_tokens=max_tokens, retries=retries, grounded=grounded
+        schema,
+        model,
+        sampling=sampling,
+        limits=limits,
+        max_tokens=max_tokens,
+        retries=retries,
+        grounded=grounded,
+        adapter=adapter,
     )
     return _extract_prepared(p, text, instructions=instructions, examples=examples, confidence=bool(confidence))
 
@@ -516,6 +536,7 @@ def extract_many(
     retries: int = 1,
     progress: bool | None = None,
     grounded: Grounding = DEFAULT_GROUNDING,
+    adapter: AdapterChoice = "auto",
 ) -> Iterator[ExtractOutcome[Any]]:
     """Extract from many documents, yielding one :class:`ExtractOutcome` per document in order.
 
@@ -525,30 +546,40 @@ def extract_many(
     the run goes on. An exception instance among ``texts`` (how a reader flags an
     unreadable record) is reported as that item's error. ``progress`` shows a progress
     bar on stderr (default: when stderr is a terminal). The other options are those of
-    :func:`extract`; each document holds the model's lock while it is extracted.
+    :func:`extract`; each document holds the model's lock while it is extracted, and the
+    extraction adapter stays switched on until the iteration ends (so the shared prompt
+    stays cached).
     """
     p = _prepare(
-        schema, model, sampling=sampling, limits=limits, max_tokens=max_tokens, retries=retries, grounded=grounded
+        schema,
+        model,
+        sampling=sampling,
+        limits=limits,
+        max_tokens=max_tokens,
+        retries=retries,
+        grounded=grounded,
+        adapter=adapter,
     )
     show = sys.stderr.isatty() if progress is None else progress
     total = len(texts) if isinstance(texts, Sequence) else None
     bar = _Progress(total, show)
-    try:
-        for i, text in enumerate(texts):
-            t0 = time.perf_counter()
-            try:
-                if isinstance(text, PocketAgentError):
-                    raise text
-                _check_text(text)
-                value = _extract_prepared(p, text, instructions=instructions, examples=examples)
-                outcome: ExtractOutcome[Any] = ExtractOutcome(index=i, value=value)
-            except PocketAgentError as exc:
-                outcome = ExtractOutcome(index=i, error=exc)
-            outcome.seconds = time.perf_counter() - t0
-            bar.update(outcome.ok)
-            yield outcome
-    finally:
-        bar.close()
+    with task_adapter(p.model, p.adapter, "extract"):
+        try:
+            for i, text in enumerate(texts):
+                t0 = time.perf_counter()
+                try:
+                    if isinstance(text, PocketAgentError):
+                        raise text
+                    _check_text(text)
+                    value = _extract_prepared(p, text, instructions=instructions, examples=examples)
+                    outcome: ExtractOutcome[Any] = ExtractOutcome(index=i, value=value)
+                except PocketAgentError as exc:
+                    outcome = ExtractOutcome(index=i, error=exc)
+                outcome.seconds = time.perf_counter() - t0
+                bar.update(outcome.ok)
+                yield outcome
+        finally:
+            bar.close()
 
 
 # -- streaming ---------------------------------------------------------------------------------
@@ -583,6 +614,7 @@ def extract_stream(
     max_tokens: int | None = None,
     retries: int = 1,
     grounded: Grounding = DEFAULT_GROUNDING,
+    adapter: AdapterChoice = "auto",
 ) -> Iterator[Any]:
     """Yield partial results as fields complete, then the validated object.
 
@@ -595,9 +627,16 @@ def extract_stream(
     """
     _check_text(text)
     p = _prepare(
-        schema, model, sampling=sampling, limits=limits, max_tokens=max_tokens, retries=retries, grounded=grounded
+        schema,
+        model,
+        sampling=sampling,
+        limits=limits,
+        max_tokens=max_tokens,
+        retries=retries,
+        grounded=grounded,
+        adapter=adapter,
     )
-    with p.model.lock:
+    with p.model.lock, task_adapter(p.model, p.adapter, "extract"):
         buf: list[str] = []
         seen = 0
         for item in _attempts(p, text, instructions, examples):

@@ -191,8 +191,37 @@ def test_an_extraction_adapter_learns_the_answers_and_applies_at_run_time(tiny_g
         assert isinstance(out, Shop)
     finally:
         tiny_gguf.remove_lora(lora)
+    # or per call: switched on while extract runs, off afterwards, same result
+    assert extract("Bolt Ltd\nTOTAL 12.50", schema=Shop, model=tiny_gguf, adapter=path) == out
+    assert [a.scale for a in tiny_gguf.loras] == [0.0]
     with pytest.raises(InvalidInputError, match="text"):
         train_extract_adapter([{"output": {}}] * 6, Shop, tiny_gguf, training=training, checkpoint=TINY_HF)
+
+
+def test_one_extraction_adapter_trains_on_many_schemas(tiny_gguf: Model) -> None:
+    from pocket_agent.training import SftTraining, train_extract_adapter
+    from pocket_agent.training.extract import extract_examples
+
+    rows: list[dict[str, object]] = []
+    for i, row in enumerate(_receipts(12)):
+        output = dict(row["output"])  # type: ignore[call-overload]
+        if i % 2:  # the other schema: only the shop, under another name
+            rows.append({"text": row["text"], "output": {"store": output["shop"]}, "schema": _store_schema()})
+        else:
+            rows.append({**row, "schema": Shop.model_json_schema()})
+    sft = extract_examples(tiny_gguf, rows, None)
+    assert tiny_gguf.decode(sft[1].answer).startswith('{"store": ') and "- store (string)" in tiny_gguf.decode(
+        sft[1].prompt
+    )
+    training = SftTraining(lora_blocks=1, rank=4, epochs=1, batch_tokens=512, threads=1)
+    res = train_extract_adapter(rows, None, tiny_gguf, training=training, checkpoint=TINY_HF)
+    assert read_gguf_lora_metadata(res.path)["schema"] == "per example"
+    with pytest.raises(InvalidInputError, match="no schema"):
+        extract_examples(tiny_gguf, [{"text": "x", "output": {}}], None)
+
+
+def _store_schema() -> dict[str, object]:
+    return {"type": "object", "properties": {"store": {"type": "string"}}, "required": ["store"]}
 
 
 def test_tune_command_trains_both_kinds_of_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,6 +247,12 @@ def test_tune_command_trains_both_kinds_of_adapter(tmp_path: Path, capsys: pytes
     # a typed error, exit status 2, and a message that says what to add
     assert main(["tune", "extract", str(rows), "-o", str(gguf), *common]) == 2
     assert "--schema" in capsys.readouterr().err
+    # rows that carry their own schema need no --schema
+    own = tmp_path / "own.jsonl"
+    own.write_text(
+        "\n".join(json.dumps({**r, "schema": Shop.model_json_schema()}) for r in _receipts(12)), encoding="utf-8"
+    )
+    assert main(["tune", "extract", str(own), "-o", str(gguf), *common]) == 0
 
 
 def test_a_cloze_objective_adapter_reads_option_log_probabilities_with_its_lora(tiny_gguf: Model) -> None:

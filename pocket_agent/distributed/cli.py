@@ -102,6 +102,8 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
         threads = args.threads or 1
         actors = args.actors or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
         options: dict[str, Any] = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+        if args.adapter != "auto":
+            options["adapter"] = None if args.adapter.lower() == "none" else str(Path(args.adapter).resolve())
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
         bar = ProgressBar(len(rows) + len(failed), sys.stderr, actors)
         try:

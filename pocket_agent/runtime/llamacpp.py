@@ -401,9 +401,11 @@ class LlamaCppModel(Model):
 
     def _apply_loras(self) -> None:
         lc = self._lc
-        n = len(self._loras)
-        arr = (lc.llama_adapter_lora_p_ctypes * max(n, 1))(*[a.handle for a in self._loras])
-        scales = (ctypes.c_float * max(n, 1))(*[a.scale for a in self._loras])
+        # an adapter switched off (scale 0) stays loaded but out of the graph: no cost while off
+        active = [a for a in self._loras if a.scale != 0.0]
+        n = len(active)
+        arr = (lc.llama_adapter_lora_p_ctypes * max(n, 1))(*[a.handle for a in active])
+        scales = (ctypes.c_float * max(n, 1))(*[a.scale for a in active])
         rc = lc.llama_set_adapters_lora(self._ctx, arr if n else None, n, scales if n else None)
         if rc != 0:
             raise AdapterError(f"llama.cpp could not apply the LoRA adapters (code {rc}).")

@@ -25,7 +25,8 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Train an adapter from labelled JSONL rows. decide: {question, options, answer, context?} rows -> "
             "a Dec adapter (LoRA + pointer head) that decide() loads with --adapter or load_decision_adapter(). "
-            "extract: {text, output} rows and --schema -> a GGUF LoRA; model.load_lora(path) applies it."
+            "extract: {text, output} rows and --schema (or a schema per row) -> a GGUF LoRA; "
+            "extract(..., adapter=path) or model.load_lora(path) applies it."
         ),
     )
     p.add_argument("task", choices=TASKS, help="what the adapter is for")
@@ -71,16 +72,18 @@ def run_tune_command(args: argparse.Namespace) -> int:
     model = load_model(args.model, threads=threads)
     bar = ProgressBar(enabled=not args.quiet)
     if args.task == "extract":
-        if args.schema is None:
-            raise InvalidInputError("tune extract needs --schema (module:PydanticClass or schema.json).")
         if args.layer is not None:
             raise InvalidInputError("--layer applies to decide adapters only.")
         from ..extraction import load_schema
 
         rows = list(_read_rows(args.data))
+        if args.schema is None and not all(isinstance(r, dict) and "schema" in r for r in rows):
+            raise InvalidInputError(
+                "tune extract needs --schema (module:PydanticClass or schema.json), or a 'schema' in every row."
+            )
         res = train_extract_adapter(
             rows,
-            load_schema(args.schema),
+            load_schema(args.schema) if args.schema is not None else None,
             model,
             training=SftTraining(threads=threads, **overrides),
             checkpoint=args.checkpoint,

@@ -80,18 +80,31 @@ def answer_text(output: Mapping[str, Any], *, raw_numbers: Mapping[str, str] | N
 
 
 def extract_examples(
-    model: Model, rows: Iterable[Mapping[str, Any]], schema: Schema, *, instructions: str | None = None
+    model: Model,
+    rows: Iterable[Mapping[str, Any]],
+    schema: Schema | None,
+    *,
+    instructions: str | None = None,
 ) -> list[SftExample]:
-    """Token ids of ``{text, output}`` rows: the prompt ``extract`` sends and the answer."""
-    js = json_schema_of(schema)
-    numbers = {
-        k for k, v in (js.get("properties") or {}).items() if isinstance(v, Mapping) and v.get("type") == "number"
-    }
+    """Token ids of ``{text, output}`` rows: the prompt ``extract`` sends and the answer.
+
+    A row may carry its own ``"schema"`` (a JSON Schema dict), which then replaces ``schema``
+    for that row: one adapter can be trained on many schemas.
+    """
+    default = json_schema_of(schema) if schema is not None else None
     out = []
     for i, row in enumerate(rows):
-        text, output = row.get("text"), row.get("output")
+        text, output, own = row.get("text"), row.get("output"), row.get("schema")
         if not isinstance(text, str) or not text.strip() or not isinstance(output, Mapping):
             raise InvalidInputError(f"examples[{i}] must be {{'text': document, 'output': object}}.")
+        if own is not None and not isinstance(own, Mapping):
+            raise InvalidInputError(f"examples[{i}].schema must be a JSON Schema object.")
+        js = json_schema_of(own) if own is not None else default
+        if js is None:
+            raise InvalidInputError(f"examples[{i}] has no schema: pass schema= or give every row a 'schema'.")
+        numbers = {
+            k for k, v in (js.get("properties") or {}).items() if isinstance(v, Mapping) and v.get("type") == "number"
+        }
         raw_numbers = {}
         for key in numbers & set(output):
             value = output[key]
@@ -109,7 +122,7 @@ def extract_examples(
 
 def train_extract_adapter(
     examples: Iterable[Mapping[str, Any]],
-    schema: Schema,
+    schema: Schema | None,
     model: Model | str | os.PathLike[str] | None = None,
     *,
     training: SftTraining | None = None,
@@ -121,7 +134,8 @@ def train_extract_adapter(
 ) -> AdapterResult:
     """Train a LoRA that makes ``extract(text, schema)`` on ``model`` write the right objects.
 
-    ``examples`` are ``{"text": document, "output": object}`` rows; ``checkpoint`` is the
+    ``examples`` are ``{"text": document, "output": object}`` rows (a row's own
+    ``"schema"`` replaces ``schema``, which may then be None); ``checkpoint`` is the
     Hugging Face folder of the same weights (default: the GGUF converted once into the
     cache); ``resume`` is a folder the training state is saved in after every validation
     check and resumed from by a later call with the same data and settings. Returns an
@@ -141,7 +155,7 @@ def train_extract_adapter(
         "task": "extract",
         "base_model_id": model_identity(m),
         "base_model_name": m.info.name,
-        "schema": json.dumps(json_schema_of(schema), sort_keys=True),
+        "schema": json.dumps(json_schema_of(schema), sort_keys=True) if schema is not None else "per example",
         "examples": len(rows),
         "n_train": outcome.n_train,
         "n_val": outcome.n_val,

@@ -1,0 +1,146 @@
+"""Task adapters: LoRAs trained for one task and switched on only while that task runs.
+
+The package ships GGUF LoRAs in ``pocket_agent/data/`` (``extract-<identity>.gguf``); each
+records the base model it was trained for (``pocket_agent.base_model_id``) and its task
+(``pocket_agent.task``). ``extract`` uses the one shipped for the model it runs on unless
+told otherwise (``adapter=None`` for the base model, or the path of another LoRA).
+
+An adapter is loaded once per model at scale 0 and switched to scale 1 for the duration of a
+task; other work on the same model (chat, tools, decisions) sees the base weights.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from ..errors import AdapterError, InvalidInputError
+from .base import LORA_BASE_KEY, LoraAdapter, Model
+from .gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
+from .identity import model_identity
+
+TASK_KEY = "pocket_agent.task"
+AdapterChoice = str | os.PathLike[str] | Literal["auto"] | None
+"""How a task picks its adapter: ``"auto"`` (the one shipped for the model, if any), a LoRA
+file's path, or ``None`` (the base model)."""
+
+GGUF_LORA_BACKENDS = ("llamacpp", "transformers")
+NO_DEFAULT_ENV = "POCKET_AGENT_NO_DEFAULT_ADAPTER"
+
+_loaded: weakref.WeakKeyDictionary[Model, dict[Path, LoraAdapter]] = weakref.WeakKeyDictionary()
+_shipped_cache: dict[tuple[str, str], Path | None] = {}
+_lock = threading.Lock()
+
+
+def shipped_adapters() -> list[Path]:
+    """The GGUF LoRAs shipped inside the package (``pocket_agent/data/*.gguf``)."""
+    root = importlib.resources.files("pocket_agent") / "data"
+    try:
+        entries = list(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError, OSError):
+        return []
+    return sorted(Path(str(e)) for e in entries if e.name.endswith(".gguf") and e.is_file())
+
+
+def adapter_record(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The ``pocket_agent.*`` metadata of a GGUF LoRA (task, base model, data, scores...)."""
+    p = Path(path)
+    if not is_gguf_file(p):
+        raise AdapterError(f"{p} is not a GGUF file.")
+    try:
+        meta = read_gguf_metadata(p, None)
+    except (GGUFFormatError, OSError) as exc:
+        raise AdapterError(f"{p} is not a readable GGUF LoRA: {exc}") from exc
+    prefix = "pocket_agent."
+    return {
+        k[len(prefix) :]: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items() if k.startswith(prefix)
+    }
+
+
+def find_shipped_adapter(model: Model, task: str) -> Path | None:
+    """The shipped LoRA for ``task`` whose base-model identity is ``model``'s, if any."""
+    if not model.capabilities.lora or model.backend not in GGUF_LORA_BACKENDS:
+        return None  # MNN takes .mnn LoRAs: none is shipped yet
+    ident = model_identity(model)
+    key = (ident, task)
+    with _lock:
+        if key in _shipped_cache:
+            return _shipped_cache[key]
+    found = None
+    for path in shipped_adapters():
+        try:
+            meta = read_gguf_metadata(path, [LORA_BASE_KEY, TASK_KEY])
+        except (GGUFFormatError, OSError):
+            continue
+        if meta.get(LORA_BASE_KEY) == ident and meta.get(TASK_KEY) == task:
+            found = path
+            break
+    with _lock:
+        _shipped_cache[key] = found
+    return found
+
+
+def check_adapter_choice(choice: object) -> None:
+    """Raise :class:`InvalidInputError` unless ``choice`` is ``"auto"``, None or a path."""
+    if choice is None or isinstance(choice, os.PathLike):
+        return
+    if not isinstance(choice, str) or not choice:
+        raise InvalidInputError(f"adapter must be 'auto', None or the path of a GGUF LoRA file; got {choice!r}.")
+
+
+def _resolve(model: Model, choice: AdapterChoice, task: str) -> Path | None:
+    check_adapter_choice(choice)
+    if choice is None:
+        return None
+    if isinstance(choice, str) and choice == "auto":
+        if os.environ.get(NO_DEFAULT_ENV):
+            return None
+        if any(a.scale != 0.0 for a in model.loras):
+            return None  # the caller applied LoRAs of their own: leave the weights as they set them
+        return find_shipped_adapter(model, task)
+    path = Path(choice)
+    if not path.is_file():
+        raise AdapterError(f"LoRA adapter file not found: {path}")
+    return path
+
+
+def _loaded_adapter(model: Model, path: Path) -> LoraAdapter:
+    with _lock:
+        per_model = _loaded.setdefault(model, {})
+        adapter = per_model.get(path)
+        if adapter is not None and any(adapter is a for a in model.loras):
+            return adapter
+        adapter = model.load_lora(path, scale=0.0)
+        per_model[path] = adapter
+        return adapter
+
+
+@contextmanager
+def task_adapter(model: Model, choice: AdapterChoice, task: str) -> Iterator[LoraAdapter | None]:
+    """Switch the task's LoRA on for the duration (loading it into ``model`` the first time).
+
+    Yields the adapter, or None when the base model is used (``choice`` None, or ``"auto"``
+    with nothing shipped for this model, or with LoRAs the caller applied already).
+    """
+    path = _resolve(model, choice, task)
+    if path is None:
+        yield None
+        return
+    with model.lock:
+        adapter = _loaded_adapter(model, path)
+        previous = adapter.scale
+        if previous != 1.0:
+            model.set_lora_scale(adapter, 1.0)
+    try:
+        yield adapter
+    finally:
+        with model.lock:
+            if not model.closed and any(adapter is a for a in model.loras) and adapter.scale != previous:
+                model.set_lora_scale(adapter, previous)

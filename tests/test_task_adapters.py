@@ -1,0 +1,131 @@
+"""The extraction LoRA shipped for the default model: found by identity, switched on only
+while ``extract`` runs, and chosen per call (``adapter="auto" | None | path``).
+
+Its accuracy lives in bench/adapters.md and bench/extract.md; these tests check the
+mechanism on the real default model and the real shipped file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import chat_ids
+from pydantic import BaseModel, Field
+
+from pocket_agent import extract, extract_many, extract_stream
+from pocket_agent.errors import AdapterError, InvalidInputError
+from pocket_agent.runtime import Model
+from pocket_agent.runtime.identity import model_identity
+from pocket_agent.runtime.scripted import ScriptedModel
+from pocket_agent.runtime.task_adapters import (
+    NO_DEFAULT_ENV,
+    adapter_record,
+    find_shipped_adapter,
+    shipped_adapters,
+    task_adapter,
+)
+
+DOC = "Harbour Health Practice\nAppointment for Mei Patel with Dr. Ben Garcia on 12.08.2023 at 21:15.\n"
+
+
+class Appointment(BaseModel):
+    patient: str = Field(description="the patient's name")
+    doctor: str
+    date: str
+
+
+def _base_logits(m: Model) -> np.ndarray:
+    m.reset()
+    out = m.eval(chat_ids(m, "Name a colour."), logits="last").logits[-1].copy()
+    m.reset()
+    return out
+
+
+@pytest.fixture
+def shipped(smollm: Model) -> Path:
+    path = find_shipped_adapter(smollm, "extract")
+    assert path is not None, "no extraction LoRA shipped for the default model (bench/adapters.py extract --ship)"
+    return path
+
+
+def test_the_default_model_has_a_small_extraction_lora_that_records_its_base(smollm: Model, shipped: Path) -> None:
+    assert shipped in shipped_adapters() and shipped.parent.name == "data"
+    assert shipped.stat().st_size < 8_000_000  # a few MB inside the wheel
+    record = adapter_record(shipped)
+    assert record["task"] == "extract"
+    assert record["base_model_id"] == model_identity(smollm)
+    assert "sroie" in record["data"] and "synthetic" in record["data"]  # documented sources
+
+
+def test_extract_switches_the_lora_on_only_while_it_runs(smollm: Model, shipped: Path) -> None:
+    base = _base_logits(smollm)
+    with task_adapter(smollm, "auto", "extract") as lora:
+        assert lora is not None and lora.path == shipped and lora.scale == 1.0
+        tuned = _base_logits(smollm)
+    assert np.abs(tuned - base).max() > 1e-2  # the adapter changes the model while on
+    assert lora.scale == 0.0 and lora in smollm.loras  # loaded once, then off
+    extract(DOC, Appointment, model=smollm)
+    assert all(a.scale == 0.0 for a in smollm.loras)
+    np.testing.assert_array_equal(_base_logits(smollm), base)  # chat, tools and decide see the base weights
+
+
+def test_auto_equals_the_shipped_path_and_none_equals_the_base_model(
+    smollm: Model, shipped: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    auto = extract(DOC, Appointment, model=smollm)
+    assert extract(DOC, Appointment, model=smollm, adapter=shipped) == auto
+    assert extract(DOC, Appointment, model=smollm, adapter=str(shipped)) == auto
+    base = extract(DOC, Appointment, model=smollm, adapter=None)
+    monkeypatch.setenv(NO_DEFAULT_ENV, "1")
+    assert extract(DOC, Appointment, model=smollm) == base
+    monkeypatch.delenv(NO_DEFAULT_ENV)
+    # every path of extraction uses the same adapter
+    assert [o.value for o in extract_many([DOC, DOC], Appointment, model=smollm)] == [auto, auto]
+    assert list(extract_stream(DOC, Appointment, model=smollm))[-1] == auto
+    assert [o.value for o in extract_many([DOC], Appointment, model=smollm, adapter=None)] == [base]
+    assert all(a.scale == 0.0 for a in smollm.loras)
+
+
+def test_a_lora_the_caller_applied_is_left_alone(smollm: Model, shipped: Path) -> None:
+    mine = smollm.load_lora(shipped, scale=0.5)  # the caller's own choice of weights
+    try:
+        with task_adapter(smollm, "auto", "extract") as used:
+            assert used is None and mine.scale == 0.5
+    finally:
+        smollm.remove_lora(mine)
+
+
+def test_bad_adapter_choices_are_typed_errors(smollm: Model, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="adapter must be"):
+        extract(DOC, Appointment, model=smollm, adapter=3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="adapter must be"):
+        extract(DOC, Appointment, model=smollm, adapter="")
+    with pytest.raises(AdapterError, match="not found"):
+        extract(DOC, Appointment, model=smollm, adapter=tmp_path / "missing.gguf")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file")
+    with pytest.raises(AdapterError):
+        extract(DOC, Appointment, model=smollm, adapter=junk)
+    assert all(a.scale == 0.0 for a in smollm.loras)
+
+
+def test_models_without_gguf_loras_get_no_shipped_adapter() -> None:
+    scripted = ScriptedModel(['{"patient": "Mei Patel", "doctor": "Dr. Ben Garcia", "date": "12.08.2023"}'])
+    assert find_shipped_adapter(scripted, "extract") is None
+    assert extract(DOC, Appointment, model=scripted).patient == "Mei Patel"
+
+
+def test_cli_takes_the_adapter_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pocket_agent.cli import main
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC, encoding="utf-8")
+    schema = tmp_path / "appointment.json"
+    schema.write_text(__import__("json").dumps(Appointment.model_json_schema()), encoding="utf-8")
+    for choice in ("auto", "none"):
+        assert main(["extract", str(doc), "--schema", str(schema), "--adapter", choice, "-t", "1"]) == 0
+        assert '"patient"' in capsys.readouterr().out
+    assert main(["extract", str(doc), "--schema", str(schema), "--adapter", str(tmp_path / "no.gguf")]) == 2
+    assert "not found" in capsys.readouterr().err
