@@ -129,3 +129,52 @@ def test_cli_takes_the_adapter_choice(tmp_path: Path, capsys: pytest.CaptureFixt
         assert '"patient"' in capsys.readouterr().out
     assert main(["extract", str(doc), "--schema", str(schema), "--adapter", str(tmp_path / "no.gguf")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def add(a: float, b: float) -> float:
+    """Add two numbers."""
+    return a + b
+
+
+def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_constant(
+    smollm: Model, tmp_path: Path
+) -> None:
+    import gguf
+    from test_lora import write_lora
+
+    from pocket_agent import Agent
+    from pocket_agent.tools.routing import CALL_BIAS
+
+    path = write_lora(tmp_path / "tools.gguf", "llama", layers=2, rank=4, seed=3)
+    # the same random LoRA, recording the routing constant it was calibrated with
+    reader = gguf.GGUFReader(str(path))
+    calibrated = tmp_path / "tools-calibrated.gguf"
+    w = gguf.GGUFWriter(str(calibrated), "llama")
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", 4.0)
+    w.add_string("pocket_agent.task", "tools")
+    w.add_float32("pocket_agent.call_bias", 1.5)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data).reshape([int(d) for d in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    task = "What is 17 plus 25?"
+    base = Agent([add], model=smollm, adapter=None)
+    assert base.route([{"role": "user", "content": task}]).raw == base.route([{"role": "user", "content": task}]).raw
+    tuned = Agent([add], model=smollm, adapter=path)
+    raw_base = base.route([{"role": "user", "content": task}]).raw
+    raw_tuned = tuned.route([{"role": "user", "content": task}]).raw
+    assert max(abs(raw_base[k] - raw_tuned[k]) for k in raw_base) > 1e-3  # scored with the LoRA on
+    assert all(a.scale == 0.0 for a in smollm.loras)  # and off again
+    assert tuned._router.bias == CALL_BIAS  # no constant recorded: the base model's
+    step = Agent([add], model=smollm, adapter=calibrated).step(task)
+    assert step.routing is not None and all(a.scale == 0.0 for a in smollm.loras)
+    with_constant = Agent([add], model=smollm, adapter=calibrated)
+    with_constant.route([{"role": "user", "content": task}])
+    assert with_constant._router.bias == pytest.approx(1.5)
+    with pytest.raises(InvalidInputError, match="adapter must be"):
+        Agent([add], model=smollm, adapter=7)  # type: ignore[arg-type]

@@ -102,9 +102,13 @@ def _resolve(model: Model, choice: AdapterChoice, task: str) -> Path | None:
     if isinstance(choice, str) and choice == "auto":
         if os.environ.get(NO_DEFAULT_ENV):
             return None
-        if any(a.scale != 0.0 for a in model.loras):
+        shipped = find_shipped_adapter(model, task)
+        with _lock:
+            ours = _loaded.get(model, {}).get(shipped) if shipped is not None else None
+        active = [a for a in model.loras if a.scale != 0.0]
+        if active and not (len(active) == 1 and active[0] is ours):
             return None  # the caller applied LoRAs of their own: leave the weights as they set them
-        return find_shipped_adapter(model, task)
+        return shipped  # (ours may be on already: a task nested in itself)
     path = Path(choice)
     if not path.is_file():
         raise AdapterError(f"LoRA adapter file not found: {path}")

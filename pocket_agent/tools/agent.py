@@ -18,7 +18,9 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -28,6 +30,7 @@ from ..errors import GenerationError, InvalidInputError, MaxStepsExceeded, Outpu
 from ..generate import stream_tokens
 from ..options import Limits, Sampling, resolve_limits, resolve_sampling
 from ..runtime.prompt import encode_pieces
+from ..runtime.task_adapters import AdapterChoice, adapter_record, check_adapter_choice, task_adapter
 from ..usage import Usage
 from .format import (
     CALL_CLOSE,
@@ -40,7 +43,7 @@ from .format import (
     parse_turn,
     render_messages,
 )
-from .routing import Router, Routing, call_key, last_user_text, neutral_messages
+from .routing import CALL_BIAS, Router, Routing, call_key, last_user_text, neutral_messages
 from .tool import Tool, as_tool
 
 if TYPE_CHECKING:
@@ -231,6 +234,10 @@ class Agent:
             ``False``: arguments follow the schemas only.
         chat_template: render prompts with this template instead of the model's own (e.g.
             :func:`pocket_agent.runtime.chatml_template` for the Qwen tool format).
+        adapter: the tools LoRA switched on while the agent generates: ``"auto"`` (default)
+            the one shipped for the model, if any; a GGUF LoRA's path (``pocket-agent tune
+            tools``); ``None`` for the base model. An adapter that records a calibrated
+            routing constant (``pocket_agent.call_bias``) brings it along.
     """
 
     def __init__(
@@ -251,8 +258,11 @@ class Agent:
         chat_template: ChatTemplate | None = None,
         routing: Literal["scored", "sample"] = "scored",
         grounded: bool | Literal["strings", "all"] = True,
+        adapter: AdapterChoice = "auto",
     ) -> None:
         self.tools = _tool_table(tools)
+        check_adapter_choice(adapter)
+        self.adapter = adapter
         self.limits = resolve_limits(limits, max_tokens=max_tokens)
         self.sampling = resolve_sampling(sampling)
         if isinstance(max_parallel_calls, bool) or not isinstance(max_parallel_calls, int) or max_parallel_calls < 1:
@@ -283,6 +293,7 @@ class Agent:
         self.chat_template = chat_template
         self._grammars: dict[str, CompiledGrammar] = {}
         self._start_sets: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+        self._router_for: Path | None = None
 
     @property
     def max_steps(self) -> int:
@@ -298,6 +309,17 @@ class Agent:
 
             self._model = resolve_model(self._model_arg)
         return self._model
+
+    @contextmanager
+    def _adapter_on(self) -> Iterator[None]:
+        """The tools LoRA on while the agent scores and generates (the model's lock held)."""
+        with self.model.lock, task_adapter(self.model, self.adapter, "tools") as lora:
+            path = lora.path if lora is not None else None
+            if path != self._router_for:  # the routing constant belongs to the weights
+                bias = adapter_record(path).get("call_bias") if path is not None else None
+                self._router = Router(float(bias) if bias is not None else CALL_BIAS)
+                self._router_for = path
+            yield
 
     def grammar_text(self, tool_choice: str | None = None, *, ground_text: str | None = None) -> str:
         """The Lark grammar that constrains one turn under ``tool_choice`` (with string
@@ -343,9 +365,10 @@ class Agent:
         ids = self.prompt_ids(messages)
         after_results = bool(messages) and messages[-1].get("role") == "tool"
         neutral = [] if after_results else self.prompt_ids(neutral_messages(messages))
-        return self._router.route(
-            self.model, list(self.tools.values()), ids, neutral, self._start_token_sets, calibrate=not after_results
-        )
+        with self._adapter_on():
+            return self._router.route(
+                self.model, list(self.tools.values()), ids, neutral, self._start_token_sets, calibrate=not after_results
+            )
 
     def _call_key(self, body: str) -> str | None:
         """What makes a call new: its tool and the arguments not picked from the schema's
@@ -515,7 +538,7 @@ class Agent:
         messages = self._messages(task_or_messages)
         choice = self.tool_choice if tool_choice is None else check_tool_choice(tool_choice, self.tools)
         step: Step | None = None
-        with self.model.lock:
+        with self._adapter_on():
             for ev in self._turn(messages, 0, choice):
                 if ev.kind == "step":
                     step = ev.step
@@ -576,7 +599,7 @@ class Agent:
 
     def _loop(self, task: str | Sequence[Mapping[str, Any]]) -> Iterator[AgentEvent]:
         messages = self._messages(task)
-        with self.model.lock:  # one run at a time per model, tool calls included
+        with self._adapter_on():  # one run at a time per model, tool calls included
             yield from self._steps(messages)
 
     def _steps(self, messages: list[dict[str, Any]]) -> Iterator[AgentEvent]:
