@@ -281,3 +281,157 @@ def test_a_lora_for_another_base_model_is_refused_before_it_reaches_llama_cpp(
     with pytest.raises(AdapterError, match="was trained for base model"):
         smollm.open_lora(path)
     tiny_gguf.remove_lora(tiny_gguf.load_lora(path))  # its own base takes it
+
+
+# -- tools adapters --------------------------------------------------------------------
+
+
+def _tool_specs() -> list[dict[str, object]]:
+    weather = {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    add = {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+    }
+    return [{"type": "function", "function": weather}, add]  # both spec forms
+
+
+def _tool_rows(n: int) -> list[dict[str, object]]:
+    """A learnable toy task: weather questions call get_weather, sums call add, greetings are answered."""
+    rng = random.Random(0)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            city = rng.choice(["Paris", "Oslo", "Lima", "Cairo", "Tokyo"])
+            msg, output = (
+                f"What is the weather in {city}?",
+                {"tool_calls": [{"name": "get_weather", "arguments": {"city": city}}]},
+            )
+        elif kind == 1:
+            a, b = rng.randint(1, 99), rng.randint(1, 99)
+            msg, output = f"What is {a} plus {b}?", {"tool_calls": [{"name": "add", "arguments": {"b": b, "a": a}}]}
+        else:
+            msg, output = rng.choice(["Hello!", "Hi there.", "Good morning!"]), {"content": "Hello! How can I help?"}
+        rows.append({"messages": [{"role": "user", "content": msg}], "tools": _tool_specs(), "output": output})
+    return rows
+
+
+def test_tools_examples_are_the_agents_prompt_and_the_turn_its_grammar_writes(tiny_gguf: Model) -> None:
+    from pocket_agent.tools import Agent
+    from pocket_agent.training.tools import end_of_turn_id, tool_examples
+
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    called = [
+        *ask,
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+        {"role": "tool", "name": "get_weather", "content": "sunny, 18 C"},
+    ]
+    rows = [
+        {"messages": ask, "output": {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}},
+        {"messages": [{"role": "user", "content": "2 plus 3?"}], "output": {"tool_calls": [_add(b=3, a=2)] * 2}},
+        {"messages": [{"role": "user", "content": "Hello!"}], "output": {"content": "Hello! How can I help?"}},
+        {"messages": called, "output": {"content": "It is sunny in Oslo."}},
+    ]
+    rows = [{**r, "tools": _tool_specs()} for r in rows]
+    sft = tool_examples(tiny_gguf, rows)
+    agent = Agent(tools=_tool_specs(), model=tiny_gguf)
+    end = end_of_turn_id(tiny_gguf)
+    assert end is not None and tiny_gguf.decode([end]) == "<|im_end|>"  # what the chat template closes a turn with
+    for row, ex in zip(rows, sft, strict=True):
+        assert ex.prompt == agent.prompt_ids(row["messages"])  # type: ignore[arg-type]
+        assert ex.answer[-1] == end and agent.grammar("auto").accepts_tokens(ex.answer[:-1])
+    answers = [tiny_gguf.decode(ex.answer[:-1]) for ex in sft]
+    assert answers[0] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    # arguments in the schema's order (the only order the grammar writes), calls separated by a newline
+    add = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    assert answers[1] == add + "\n" + add
+    assert answers[2:] == ["Hello! How can I help?", "It is sunny in Oslo."]
+
+
+def _add(**arguments: int) -> dict[str, object]:
+    return {"name": "add", "arguments": arguments}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"messages": []}, r"examples\[0\] has no messages"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "must end with a user or tool message"),
+        ({"tools": []}, r"examples\[0\] has no tools"),
+        ({"output": {"tool_calls": [{"name": "search", "arguments": {}}]}}, "'search', which is not one of"),
+        ({"output": {"tool_calls": [{"name": "add", "arguments": [1, 2]}]}}, "must be an object"),
+        ({"output": {"tool_calls": [{"name": "add", "arguments": {"a": 1}}]}}, "Invalid arguments for tool 'add'"),
+        ({"output": {"content": ""}}, "non-empty string"),
+        ({"output": {"content": "<tool_call>"}}, "cannot start with"),
+        ({"output": {}}, "output must be"),
+    ],
+)
+def test_bad_tools_rows_are_typed_errors_that_name_the_row(tiny_gguf: Model, change: dict, message: str) -> None:
+    from pocket_agent.training.tools import tool_examples
+
+    with pytest.raises(InvalidInputError, match=message):
+        tool_examples(tiny_gguf, [{**_tool_rows(1)[0], **change}])
+
+
+def test_a_tools_adapter_learns_the_turns(tiny_gguf: Model, tmp_path: Path) -> None:
+    from pocket_agent.training import SftTraining, train_tools_adapter
+
+    training = SftTraining(lora_blocks=2, rank=4, epochs=3, batch_tokens=1024, lr=3e-3, threads=1, patience=3)
+    res = train_tools_adapter(_tool_rows(18), tiny_gguf, training=training, checkpoint=TINY_HF, metadata={"run": 1})
+    assert res.task == "tools" and res.val_loss < res.base_val_loss
+    meta = read_gguf_lora_metadata(res.path)
+    assert meta["task"] == "tools" and meta["run"] == "1"
+    assert json.loads(meta["examples"]) == 18 and json.loads(meta["tool_names"]) == 2
+    assert json.loads(meta["call_examples"]) == 12 and json.loads(meta["answer_examples"]) == 6
+    tiny_gguf.remove_lora(tiny_gguf.load_lora(res.save(tmp_path / "tools.gguf")))  # llama.cpp takes it
+
+
+def test_tune_command_trains_a_tools_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import TINY_GGUF
+
+    from pocket_agent.cli import main
+
+    data = tmp_path / "tools.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _tool_rows(8)), encoding="utf-8")
+    common = ["--model", str(TINY_GGUF), "--checkpoint", str(TINY_HF), "--epochs", "1", "--rank", "4", "-q", "-t", "1"]
+    out = tmp_path / "tools.gguf"
+    assert main(["tune", "tools", str(data), "-o", str(out), "--lora-blocks", "1", *common]) == 0
+    assert read_gguf_lora_metadata(out)["task"] == "tools"
+    assert "load_lora" in capsys.readouterr().out
+    assert main(["tune", "tools", str(data), "-o", str(out), "--schema", "x.json", *common]) == 2
+    assert "--schema applies to extract" in capsys.readouterr().err
+
+
+def test_bfcl_rows_become_tools_training_rows(tiny_gguf: Model) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import tools_data
+
+    from pocket_agent.training.tools import tool_examples
+
+    assert tools_data.ground_truth_calls([{"f": {"x": [5], "unit": ["meters", "m", ""], "opt": [""]}}]) == [
+        {"name": "f", "arguments": {"x": 5, "unit": "meters"}}
+    ]
+    assert tools_data.resolve({"d": [{"k": ["", "v"]}], "l": [[]]}) == {"d": {"k": "v"}, "l": []}
+    # an optional parameter whose value does not fit its schema (BFCL's null = the default) is left out
+    schema = {"properties": {"x": {"type": "integer"}, "since": {"type": "string"}}}
+    assert tools_data.call_arguments({"x": [3], "since": ["", None]}, schema) == {"x": 3}
+    with pytest.raises(ValueError, match="held-out"):
+        tools_data.read_rows("live_simple")
+    if not (tools_data.DATA / "parallel.jsonl").is_file():
+        pytest.skip("BFCL data not present")
+    rows = [tools_data.convert_row(tools_data.read_rows(c)[0], c) for c in ("parallel", "irrelevance")]
+    assert [len(r["output"].get("tool_calls", [])) for r in rows] == [3, 0]
+    assert rows[1]["output"] == {"content": tools_data.NO_TOOL_ANSWER}
+    assert rows[0]["tools"][0]["function"]["parameters"]["type"] == "object"  # BFCL "dict", normalised
+    assert len(tool_examples(tiny_gguf, rows)) == 2  # training takes them

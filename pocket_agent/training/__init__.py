@@ -4,6 +4,9 @@
   together) for ``decide``; ``pocket-agent tune decide DATA.jsonl -o OUT.zip``.
 - :func:`train_extract_adapter`: a LoRA that teaches ``extract`` one schema from
   ``{text, output}`` examples; ``pocket-agent tune extract DATA.jsonl --schema S -o OUT.gguf``.
+- :func:`train_tools_adapter`: a LoRA that teaches an ``Agent`` its turns (tool calls or a
+  final answer) from ``{messages, tools, output}`` examples;
+  ``pocket-agent tune tools DATA.jsonl -o OUT.gguf``.
 
 Training runs on the model's Hugging Face checkpoint (converted once from the GGUF when
 none is given) and exports GGUF LoRA files that llama.cpp applies at run time.
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from ._sft import SftTraining
     from .decide import DecideResult, DecideTraining, train_decide_adapter
     from .extract import AdapterResult, train_extract_adapter
+    from .tools import train_tools_adapter
 
 _WHERE = {
     "SftTraining": "._sft",
@@ -28,6 +32,7 @@ _WHERE = {
     "train_decide_adapter": ".decide",
     "AdapterResult": ".extract",
     "train_extract_adapter": ".extract",
+    "train_tools_adapter": ".tools",
 }
 
 
@@ -45,4 +50,5 @@ __all__ = [
     "SftTraining",
     "train_decide_adapter",
     "train_extract_adapter",
+    "train_tools_adapter",
 ]

@@ -1,6 +1,6 @@
 """Supervised LoRA fine-tuning: teach the model the answer tokens after a prompt.
 
-Used by the generation tasks (``extract``): each example is the exact prompt token ids
+Used by the generation tasks (``extract``, ``tools``): each example is the exact prompt token ids
 inference evaluates and the answer token ids the model should write after it. The loss is
 the cross-entropy of the answer tokens only. As for the Dec adapter, blocks below the LoRA
 are frozen and their output is computed once per example.

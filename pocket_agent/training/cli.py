@@ -4,6 +4,7 @@
 
     pocket-agent tune decide DATA.jsonl -o my.dec.zip [--model M] [--epochs N] [--resume DIR]
     pocket-agent tune extract DATA.jsonl --schema module:Model -o extract.gguf [--model M]
+    pocket-agent tune tools DATA.jsonl -o tools.gguf [--model M]
 
 Needs the ``train`` extra (torch, transformers). The main CLI calls :func:`add_tune_parser`.
 """
@@ -11,11 +12,14 @@ Needs the ``train`` extra (torch, transformers). The main CLI calls :func:`add_t
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
 
-TASKS = ("decide", "extract")
+if TYPE_CHECKING:
+    from .extract import AdapterResult
+
+TASKS = ("decide", "extract", "tools")
 
 
 def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,12 +30,14 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Train an adapter from labelled JSONL rows. decide: {question, options, answer, context?} rows -> "
             "a Dec adapter (LoRA + pointer head) that decide() loads with --adapter or load_decision_adapter(). "
             "extract: {text, output} rows and --schema (or a schema per row) -> a GGUF LoRA; "
-            "extract(..., adapter=path) or model.load_lora(path) applies it."
+            "extract(..., adapter=path) or model.load_lora(path) applies it. "
+            "tools: {messages, tools, output} rows (output: {tool_calls: [...]} or {content: ...}) -> a GGUF LoRA "
+            "for an Agent's turns; model.load_lora(path) applies it."
         ),
     )
     p.add_argument("task", choices=TASKS, help="what the adapter is for")
     p.add_argument("data", help="JSONL training examples")
-    p.add_argument("-o", "--out", required=True, help="output: decide: a folder or .zip; extract: a .gguf file")
+    p.add_argument("-o", "--out", required=True, help="output: decide: a folder or .zip; extract, tools: a .gguf file")
     p.add_argument("--schema", "-s", default=None, help="(extract) module:PydanticClass or schema.json")
     p.add_argument("--model", "-m", default=None, help="the base model, a .gguf file (default: the embedded model)")
     p.add_argument(
@@ -52,7 +58,7 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_tune_command(args: argparse.Namespace) -> int:
     try:
-        from . import DecideTraining, SftTraining, train_decide_adapter, train_extract_adapter
+        from . import DecideTraining, SftTraining, train_decide_adapter, train_extract_adapter, train_tools_adapter
     except ImportError as exc:  # torch or transformers missing
         raise InvalidInputError(
             f"pocket-agent tune needs the train extra ({exc.name} is missing): pip install 'pocket-agent-mnn[train]'"
@@ -68,12 +74,25 @@ def run_tune_command(args: argparse.Namespace) -> int:
             overrides[name] = value
     if args.lora_blocks is not None:
         overrides["lora_blocks"] = args.lora_blocks
+    if args.task != "decide" and args.layer is not None:
+        raise InvalidInputError("--layer applies to decide adapters only.")
+    if args.task == "tools" and args.schema is not None:
+        raise InvalidInputError("--schema applies to extract adapters only; a tools row carries its own tools.")
     threads = args.threads
     model = load_model(args.model, threads=threads)
     bar = ProgressBar(enabled=not args.quiet)
+    if args.task == "tools":
+        res = train_tools_adapter(
+            _read_rows(args.data),
+            model,
+            training=SftTraining(threads=threads, **overrides),
+            checkpoint=args.checkpoint,
+            resume=args.resume,
+            progress=bar,
+            metadata={"data": str(args.data)},
+        )
+        return _report_lora(res, args.out)
     if args.task == "extract":
-        if args.layer is not None:
-            raise InvalidInputError("--layer applies to decide adapters only.")
         from ..extraction import load_schema
 
         rows = list(_read_rows(args.data))
@@ -91,10 +110,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
             progress=bar,
             metadata={"data": str(args.data)},
         )
-        out = res.save(args.out)
-        print(res.summary())
-        print(f"wrote {out}; apply it with model.load_lora({str(out)!r})")
-        return 0
+        return _report_lora(res, args.out)
     if args.layer is not None:
         overrides["layer"] = args.layer
     training = DecideTraining(threads=threads, **overrides)
@@ -111,6 +127,14 @@ def run_tune_command(args: argparse.Namespace) -> int:
     path = result.adapter.save(args.out)
     print(result.summary())
     print(f"wrote {path}")
+    return 0
+
+
+def _report_lora(res: AdapterResult, out: str) -> int:
+    """Save a generation adapter's LoRA to ``out`` and say how training went."""
+    path = res.save(out)
+    print(res.summary())
+    print(f"wrote {path}; apply it with model.load_lora({str(path)!r})")
     return 0
 
 

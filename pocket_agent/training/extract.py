@@ -147,16 +147,52 @@ def train_extract_adapter(
     m = resolve_model(model)
     rows = list(examples)
     sft = extract_examples(m, rows, schema, instructions=instructions)
+    details: dict[str, object] = {
+        "schema": json.dumps(json_schema_of(schema), sort_keys=True) if schema is not None else "per example",
+        "examples": len(rows),
+    }
+    return train_lora_adapter(
+        m,
+        sft,
+        "extract",
+        details,
+        training=training,
+        checkpoint=checkpoint,
+        resume=resume,
+        progress=progress,
+        metadata=metadata,
+        started=t0,
+    )
+
+
+def train_lora_adapter(
+    m: Model,
+    sft: list[SftExample],
+    task: str,
+    details: Mapping[str, object],
+    *,
+    training: SftTraining,
+    checkpoint: str | os.PathLike[str] | None,
+    resume: str | os.PathLike[str] | None,
+    progress: Progress | None,
+    metadata: Mapping[str, object] | None,
+    started: float,
+) -> AdapterResult:
+    """Train a LoRA on ``sft`` and export it as a GGUF LoRA recording ``task`` and the base model.
+
+    Shared by the generation adapters (``extract``, ``tools``): ``details`` are the
+    task's own metadata entries (placed after the base model's), ``metadata`` the caller's
+    (placed last, so they may override); ``started`` is when the call began.
+    """
     hf = load_torch_model(checkpoint_folder(m, checkpoint), training.threads)
     state_dir = Path(resume) if resume is not None else None
     outcome = train_sft(hf, sft, training, progress or ProgressBar(enabled=False), state_dir=state_dir)
     del hf
     record: dict[str, object] = {
-        "task": "extract",
+        "task": task,
         "base_model_id": model_identity(m),
         "base_model_name": m.info.name,
-        "schema": json.dumps(json_schema_of(schema), sort_keys=True) if schema is not None else "per example",
-        "examples": len(rows),
+        **details,
         "n_train": outcome.n_train,
         "n_val": outcome.n_val,
         "rank": training.rank,
@@ -172,7 +208,7 @@ def train_extract_adapter(
     meta = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in record.items()}
     tmp = tempfile.TemporaryDirectory(prefix="pocket-agent-lora-")
     path = write_gguf_lora(
-        Path(tmp.name) / "extract.gguf",
+        Path(tmp.name) / f"{task}.gguf",
         outcome.state,
         architecture=m.info.architecture,
         alpha=training.alpha,
@@ -180,13 +216,13 @@ def train_extract_adapter(
     )
     return AdapterResult(
         path=path,
-        task="extract",
+        task=task,
         n_train=outcome.n_train,
         n_val=outcome.n_val,
         steps=outcome.steps,
         base_val_loss=outcome.base_val_loss,
         val_loss=outcome.best_val_loss,
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - started,
         peak_rss_mb=peak_rss_mb(),
         metadata=meta,
         history=outcome.history,
