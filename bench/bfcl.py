@@ -159,7 +159,12 @@ def load_rows(category: str, n: int, start: int = 0) -> list[dict[str, Any]]:
 
 
 def run_ours(
-    model: Any, row: dict[str, Any], max_tokens: int, call_threshold: float | None = None, grounded: Any = True
+    model: Any,
+    row: dict[str, Any],
+    max_tokens: int,
+    call_threshold: float | None = None,
+    grounded: Any = True,
+    adapter: Any = "auto",
 ) -> Outcome:
     """The DEFAULT agent (scored routing, grounded arguments); ``call_threshold`` only for the
     optional ``ours+thr`` comparison column."""
@@ -167,7 +172,14 @@ def run_ours(
     from pocket_agent.tools import Agent, Tool
 
     tools = [Tool.from_openai(f) for f in row["function"]]
-    agent = Agent(tools=tools, model=model, max_tokens=max_tokens, call_threshold=call_threshold, grounded=grounded)
+    agent = Agent(
+        tools=tools,
+        model=model,
+        max_tokens=max_tokens,
+        call_threshold=call_threshold,
+        grounded=grounded,
+        adapter=adapter,
+    )
     t0 = time.perf_counter()
     try:
         step = agent.step(row["question"][0])
@@ -274,6 +286,20 @@ def machine() -> str:
     return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{load}"
 
 
+def _adapter_note(model: Any, adapter: Any) -> str:
+    """Which tools LoRA *ours* runs with, and what it records (data, steps, routing constant)."""
+    from pocket_agent.runtime.task_adapters import adapter_record, find_shipped_adapter
+
+    path = find_shipped_adapter(model, "tools") if adapter == "auto" else adapter
+    if path is None:
+        return "none (base weights)"
+    rec = adapter_record(path)
+    return (
+        f"`{Path(path).name}` (task {rec.get('task')}, {rec.get('steps')} steps, call_bias "
+        f"{rec.get('call_bias', 'not recorded')}; data: {rec.get('data', '?')})"
+    )
+
+
 def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run every system on every sampled question; returns run metadata and per-question records."""
     from pocket_agent.runtime import default_model_path, load_model
@@ -294,14 +320,25 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
     meta["model"] = model_path.name
     model = load_model(model_path, threads=args.threads)
     peer = None if args.no_peer else make_peer(model_path, args.threads, args.max_tokens)
-    names = ["ours"] + (["ours+thr"] if args.threshold > 0 else []) + ([] if peer is None else ["peer"])
+    names = (
+        ["ours"]
+        + (["ours-base"] if args.base else [])
+        + (["ours+thr"] if args.threshold > 0 else [])
+        + ([] if peer is None else ["peer"])
+    )
+    adapter = None if args.adapter == "none" else args.adapter
+    meta["adapter"] = _adapter_note(model, adapter)
     meta["systems"] = names
     records: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     for cat in cats:
         for row in load_rows(cat, args.n, args.start):
             vals = _validators(row)
-            systems = {"ours": run_ours(model, row, args.max_tokens, grounded=GROUNDED[args.grounded])}
+            systems = {"ours": run_ours(model, row, args.max_tokens, grounded=GROUNDED[args.grounded], adapter=adapter)}
+            if args.base:
+                systems["ours-base"] = run_ours(
+                    model, row, args.max_tokens, grounded=GROUNDED[args.grounded], adapter=None
+                )
             if args.threshold > 0:
                 systems["ours+thr"] = run_ours(model, row, args.max_tokens, args.threshold)
             if peer is not None:
@@ -409,6 +446,13 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
             if "ours+thr" in names
             else ""
         )
+        + f"with the tools LoRA {meta.get('adapter', 'none (base weights)')}; "
+        + (
+            "*ours-base* = the same agent on the base weights (`adapter=None`, the routing constant of the base "
+            "model); "
+            if "ours-base" in names
+            else ""
+        )
         + "*peer* = llama-cpp-python `chatml-function-calling`, tool_choice auto, with a one-line "
         "system message (the handler shows tools only then), temperature 0, every completion capped at the "
         "token cap (its argument completions otherwise ignore `max_tokens`).",
@@ -435,7 +479,9 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "of its argmax token. Every call our grammar admitted was schema-valid; the peer's failures are "
         "argument strings or arrays that ran on until the token cap.",
         "",
-        f"Reproduce: `python bench/bfcl.py --n {meta['n']} --threads {meta['threads']} --jsonl runs.jsonl "
+        f"Reproduce: `python bench/bfcl.py --n {meta['n']} --threads {meta['threads']}"
+        + (" --base" if "ours-base" in names else "")
+        + " --jsonl runs.jsonl "
         "--out bench/bfcl.md` (`--from-jsonl runs.jsonl` rebuilds the report without running).",
     ]
     return "\n".join(md) + "\n"
@@ -458,6 +504,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     )
     ap.add_argument("--max-tokens", type=int, default=192, help="token cap per turn (ours) / per completion (peer)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python's handler")
+    ap.add_argument("--adapter", default="auto", help="tools LoRA for ours: auto (shipped), none, or a .gguf path")
+    ap.add_argument("--base", action="store_true", help="also run ours on the base weights (adapter=None)")
     ap.add_argument("--out", type=Path, default=None, help="write the report (markdown) here")
     ap.add_argument("--jsonl", type=Path, default=None, help="write the run (meta line + per-question records) here")
     ap.add_argument("--from-jsonl", type=Path, default=None, help="rebuild the report from a --jsonl file")

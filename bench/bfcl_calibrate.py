@@ -9,6 +9,8 @@ the share of irrelevance rows routed to an answer), the midpoint of the best int
 Printed for the calibrated scores and, for comparison, for the raw (uncalibrated) ones.
 
     python bench/bfcl_calibrate.py [--start 15] [--stop 30] [--out runs_calib.json]
+    python bench/bfcl_calibrate.py --adapter tools.gguf --write   # the constant for a tools LoRA,
+                                                                 # recorded in it (pocket_agent.call_bias)
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--from-json", type=Path, default=None)
+    ap.add_argument("--adapter", type=Path, default=None, help="a tools LoRA: score with it on (default: base)")
+    ap.add_argument("--write", action="store_true", help="record the calibrated constant in --adapter")
     args = ap.parse_args()
     if args.from_json:
         records = json.loads(args.from_json.read_text())
@@ -81,7 +85,7 @@ def main() -> int:
         records = []
         for cat in CATEGORIES:
             for row in rows(cat, args.start, args.stop):
-                agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model)
+                agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model, adapter=args.adapter)
                 msgs = agent._messages(row["question"][0])
                 r = agent.route(msgs)
                 neutral = {k: r.raw[k] - r.logits[k] + (0 if k == "answer" else agent._router.bias) for k in r.raw}
@@ -100,6 +104,14 @@ def main() -> int:
             if sub:
                 per[cat] = float(np.mean([(m + bias > 0) == c for m, c in sub]))
         print(f"{name}: bias {bias:.3f} balanced accuracy {bal:.3f}; per category {per}")
+        if calibrated and args.write and args.adapter is not None:
+            from pocket_agent.training._lora import update_gguf_lora_metadata
+
+            update_gguf_lora_metadata(
+                args.adapter,
+                {"call_bias": f"{bias:.4f}", "call_bias_fit": f"bfcl rows {args.start}-{args.stop - 1}, bal {bal:.3f}"},
+            )
+            print(f"recorded call_bias {bias:.4f} in {args.adapter}")
     return 0
 
 

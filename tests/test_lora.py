@@ -76,3 +76,27 @@ def test_bad_lora_files(fresh_smollm: Model, tmp_path: Path) -> None:
     with pytest.raises(AdapterError):
         m.load_lora(other_arch)
     assert m.loras == before
+
+
+def test_switching_an_adapter_off_and_on_again_keeps_the_cache(fresh_smollm: Model, tmp_path: Path) -> None:
+    m = fresh_smollm
+    ids = chat_ids(m, "Say hello.")
+    base = last_logits(m, ids)
+    adapter = m.load_lora(write_lora(tmp_path / "lora.gguf", "llama"), scale=1.0)
+    try:
+        m.reset()
+        with_lora = m.prefill(ids).logits[-1].copy()
+        m.set_lora_scale(adapter, 0.0)
+        m.set_lora_scale(adapter, 1.0)  # back to the weights the cache was computed with
+        assert m.n_cached == len(ids)
+        np.testing.assert_array_equal(m.prefill(ids).logits[-1], with_lora)
+        m.set_lora_scale(adapter, 0.0)
+        # other weights: the cached keys are forgotten before anything is evaluated
+        np.testing.assert_array_equal(m.prefill(ids).logits[-1], base)
+        assert m.n_cached == len(ids)
+        m.set_lora_scale(adapter, 1.0)
+        assert m.n_cached == 0
+        np.testing.assert_allclose(m.prefill(ids).logits[-1], with_lora, atol=1e-4)
+    finally:
+        m.remove_lora(adapter)
+    np.testing.assert_array_equal(last_logits(m, ids), base)

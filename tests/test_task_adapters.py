@@ -7,6 +7,7 @@ mechanism on the real default model and the real shipped file.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from conftest import chat_ids
 from pydantic import BaseModel, Field
 
 from pocket_agent import extract, extract_many, extract_stream
-from pocket_agent.errors import AdapterError, InvalidInputError
+from pocket_agent.errors import AdapterError, InvalidInputError, OutputBudgetExceeded
 from pocket_agent.runtime import Model
 from pocket_agent.runtime.identity import model_identity
 from pocket_agent.runtime.scripted import ScriptedModel
@@ -178,3 +179,56 @@ def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_cons
     assert with_constant._router.bias == pytest.approx(1.5)
     with pytest.raises(InvalidInputError, match="adapter must be"):
         Agent([add], model=smollm, adapter=7)  # type: ignore[arg-type]
+
+
+def test_tasks_nest_each_on_its_own_adapter(smollm: Model, shipped: Path, tmp_path: Path) -> None:
+    from test_lora import write_lora
+
+    other = write_lora(tmp_path / "other.gguf", "llama", layers=2, rank=4, seed=5)
+    with task_adapter(smollm, "auto", "extract") as outer:
+        assert outer is not None and outer.scale == 1.0
+        with task_adapter(smollm, other, "tools") as inner:  # e.g. an Agent step inside extract_many
+            assert inner is not None and inner.scale == 1.0 and outer.scale == 0.0
+        with task_adapter(smollm, None, "extract") as none:  # adapter=None inside: truly the base weights
+            assert none is None and outer.scale == 0.0
+        assert outer.scale == 1.0 and inner.scale == 0.0
+    assert all(a.scale == 0.0 for a in smollm.loras)
+
+
+def test_the_default_model_ships_a_calibrated_tools_lora_used_only_by_agents_with_tools(smollm: Model) -> None:
+    from pocket_agent import Agent
+
+    tools_lora = find_shipped_adapter(smollm, "tools")
+    assert tools_lora is not None and tools_lora != find_shipped_adapter(smollm, "extract")
+    record = adapter_record(tools_lora)
+    assert record["task"] == "tools" and "live_simple held out" in record["data"]
+    bias = float(record["call_bias"])  # fitted with the LoRA on (bench/bfcl_calibrate.py --write)
+    agent = Agent([add], model=smollm)
+    routed = agent.route([{"role": "user", "content": "What is 17 plus 25?"}])
+    assert agent._router.bias == pytest.approx(bias) and routed.choice in ("answer", "add")
+    assert all(a.scale == 0.0 for a in smollm.loras)
+    # the weights an answer turn is written with are the base model's
+    base = _base_logits(smollm)
+    seen: list[np.ndarray] = []
+    real_stream = __import__("pocket_agent.tools.agent", fromlist=["stream_tokens"]).stream_tokens
+
+    def spy(model: Model, *args: object, **kwargs: object) -> object:
+        seen.append(_base_logits(model))
+        return real_stream(model, *args, **kwargs)
+
+    import pocket_agent.tools.agent as agent_module
+
+    agent_module.stream_tokens = spy  # type: ignore[assignment]
+    try:
+        for tools, choice, task in (
+            ([add], "none", "Say hi."),
+            ([add], "required", "What is 17 plus 25?"),
+            ([], "auto", "Say hi."),  # no tools: never the tools LoRA
+        ):
+            with contextlib.suppress(OutputBudgetExceeded):  # only the weights matter here
+                Agent(tools, model=smollm, tool_choice=choice, max_tokens=4).step(task)
+    finally:
+        agent_module.stream_tokens = real_stream
+    np.testing.assert_array_equal(seen[0], base)
+    assert np.abs(seen[1] - base).max() > 1e-2  # a call turn runs on the adapter
+    np.testing.assert_array_equal(seen[2], base)

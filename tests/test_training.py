@@ -267,7 +267,8 @@ def test_a_cloze_objective_adapter_reads_option_log_probabilities_with_its_lora(
         d = decide("Is the review positive?", ["no", "yes"], context="the food was bad.", model=tiny_gguf)
         assert d.method == "pointer"
         # the LoRA is on only while the pointer method runs
-        assert [a.scale for a in tiny_gguf.loras] == [a.scale for a in before] == [0.0]
+        assert [a.scale for a in tiny_gguf.loras] == [a.scale for a in before]
+        assert all(a.scale == 0.0 for a in before) and adapter.lora in before
     finally:
         unload_decision_adapter(tiny_gguf)
 
@@ -281,6 +282,26 @@ def test_a_lora_for_another_base_model_is_refused_before_it_reaches_llama_cpp(
     with pytest.raises(AdapterError, match="was trained for base model"):
         smollm.open_lora(path)
     tiny_gguf.remove_lora(tiny_gguf.load_lora(path))  # its own base takes it
+
+
+def test_metadata_added_after_training_keeps_the_weights(trained: object, tiny_gguf: Model, tmp_path: Path) -> None:
+    from pocket_agent.training._lora import update_gguf_lora_metadata
+
+    src = trained.adapter.lora_paths["llamacpp"]  # type: ignore[attr-defined]
+    path = tmp_path / "lora.gguf"
+    path.write_bytes(Path(src).read_bytes())
+    before = read_gguf_lora_metadata(path)
+    update_gguf_lora_metadata(path, {"call_bias": "0.5"})
+    after = read_gguf_lora_metadata(path)
+    assert after == {**before, "call_bias": "0.5"}
+    ids = tiny_gguf.tokenize("the food was good")
+    logits = []
+    for p in (Path(src), path):
+        lora = tiny_gguf.load_lora(p)
+        tiny_gguf.reset()
+        logits.append(tiny_gguf.eval(ids).logits[-1].copy())
+        tiny_gguf.remove_lora(lora)
+    np.testing.assert_array_equal(logits[0], logits[1])
 
 
 # -- tools adapters --------------------------------------------------------------------

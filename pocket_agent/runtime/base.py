@@ -200,6 +200,8 @@ class Model(abc.ABC):
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self._cached: list[int] = []
+        # the LoRA weights (adapter, scale) the cached keys/values were computed with
+        self._cache_weights: tuple[tuple[int, float], ...] = ()
         self._closed = False
         self.stats = EvalStats()
         self._loras: list[LoraAdapter] = []
@@ -263,11 +265,37 @@ class Model(abc.ABC):
     @property
     def cached_tokens(self) -> list[int]:
         """The tokens whose keys/values the KV cache holds (a copy)."""
-        return list(self._cached)
+        with self.lock:
+            self._sync_weights()
+            return list(self._cached)
 
     @property
     def n_cached(self) -> int:
-        return len(self._cached)
+        with self.lock:
+            self._sync_weights()
+            return len(self._cached)
+
+    def _weights_key(self) -> tuple[tuple[int, float], ...]:
+        return tuple((id(a), a.scale) for a in self._loras if a.scale != 0.0)
+
+    def _sync_weights(self) -> None:
+        """Forget the KV cache if it was computed with other LoRA weights than the current ones.
+
+        Changing adapters does not clear the cache at once: switching back before anything
+        is evaluated (a task adapter on, off, and on again for the next call) finds the
+        shared prompt still cached.
+        """
+        key = self._weights_key()
+        if key != self._cache_weights:
+            if self._cached or self._prefill_memo is not None:
+                self._clear_cache()
+            self._cache_weights = key
+
+    def _clear_cache(self) -> None:
+        self._reset()
+        self._cached.clear()
+        self._prefill_memo = None
+        self._single_from = None
 
     @_locked
     def eval(
@@ -283,6 +311,7 @@ class Model(abc.ABC):
         by ``logits``, indexed relative to ``tokens``.
         """
         self._check_open()
+        self._sync_weights()
         toks = self._check_ids(tokens)
         positions = self._select_positions(len(toks), logits)
         needed = len(self._cached) + len(toks)
@@ -308,6 +337,7 @@ class Model(abc.ABC):
     def rollback(self, n: int) -> None:
         """Drop cached tokens after the first ``n``; the cache then holds ``n`` tokens."""
         self._check_open()
+        self._sync_weights()
         if not 0 <= n <= len(self._cached):
             raise TokenError(f"Cannot roll back to {n} tokens: the cache holds {len(self._cached)}.")
         if n < len(self._cached):
@@ -322,10 +352,8 @@ class Model(abc.ABC):
     def reset(self) -> None:
         """Clear the KV cache."""
         self._check_open()
-        self._reset()
-        self._cached.clear()
-        self._prefill_memo = None
-        self._single_from = None
+        self._clear_cache()
+        self._cache_weights = self._weights_key()
 
     @_locked
     def prefill(
@@ -350,6 +378,7 @@ class Model(abc.ABC):
         for a single token than for a batch).
         """
         toks = self._check_ids(tokens)
+        self._sync_weights()
         keep = common_prefix_length(self._cached, toks)
         memo = self._prefill_memo
         if logits == "last" and not hidden and memo is not None and keep == len(toks) and memo[0] == toks:
@@ -370,6 +399,7 @@ class Model(abc.ABC):
         llama.cpp computes a position identically in any batch of two or more tokens, but
         differently alone. Evaluating from here makes the logits depend only on ``tokens``.
         """
+        self._sync_weights()
         keep = min(common_prefix_length(self._cached, tokens), max(len(tokens) - 2, 0))
         if self._single_from is not None:
             keep = min(keep, self._single_from)
@@ -542,6 +572,8 @@ class Model(abc.ABC):
             raise AdapterError("That LoRA adapter is not loaded in this model.")
         self._loras.remove(adapter)
         self._apply_loras()
+        if adapter.scale != 0.0:  # its id may be reused by a later adapter: never trust the cache
+            self.reset()
         self._free_lora(adapter)
 
     @property

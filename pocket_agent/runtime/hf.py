@@ -379,10 +379,10 @@ class TransformersModel(Model):
         for adapter in self._loras:
             if not isinstance(adapter.handle, LoraWeights):
                 raise AdapterError("That adapter was not loaded by the Transformers backend.")
-            active.append((adapter.handle, float(adapter.scale)))
+            if adapter.scale != 0.0:  # switched off: out of the forward pass
+                active.append((adapter.handle, float(adapter.scale)))
         self._active = active
-        # cached keys/values were computed with other weights
-        self.reset()
+        # the KV cache is forgotten before the next evaluation if its weights differ (base)
 
     # -- lifecycle ---------------------------------------------------------------------
 

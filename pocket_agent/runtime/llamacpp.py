@@ -409,8 +409,7 @@ class LlamaCppModel(Model):
         rc = lc.llama_set_adapters_lora(self._ctx, arr if n else None, n, scales if n else None)
         if rc != 0:
             raise AdapterError(f"llama.cpp could not apply the LoRA adapters (code {rc}).")
-        # cached keys/values were computed with other weights
-        self.reset()
+        # the KV cache is forgotten before the next evaluation if its weights differ (base)
 
     def _free_lora(self, adapter: LoraAdapter) -> None:
         self._lc.llama_adapter_lora_free(adapter.handle)

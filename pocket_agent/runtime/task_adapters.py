@@ -95,20 +95,27 @@ def check_adapter_choice(choice: object) -> None:
         raise InvalidInputError(f"adapter must be 'auto', None or the path of a GGUF LoRA file; got {choice!r}.")
 
 
-def _resolve(model: Model, choice: AdapterChoice, task: str) -> Path | None:
+_LEAVE = object()  # "auto" on a model with LoRAs the caller applied: touch nothing
+
+
+def _ours(model: Model) -> list[LoraAdapter]:
+    """The task adapters this module loaded into ``model`` that are still loaded."""
+    with _lock:
+        mine = list(_loaded.get(model, {}).values())
+    return [a for a in mine if any(a is b for b in model.loras)]
+
+
+def _resolve(model: Model, choice: AdapterChoice, task: str) -> Path | object | None:
     check_adapter_choice(choice)
     if choice is None:
         return None
     if isinstance(choice, str) and choice == "auto":
         if os.environ.get(NO_DEFAULT_ENV):
             return None
-        shipped = find_shipped_adapter(model, task)
-        with _lock:
-            ours = _loaded.get(model, {}).get(shipped) if shipped is not None else None
-        active = [a for a in model.loras if a.scale != 0.0]
-        if active and not (len(active) == 1 and active[0] is ours):
-            return None  # the caller applied LoRAs of their own: leave the weights as they set them
-        return shipped  # (ours may be on already: a task nested in itself)
+        ours = _ours(model)
+        if any(a.scale != 0.0 and not any(a is o for o in ours) for a in model.loras):
+            return _LEAVE  # the caller applied LoRAs of their own: leave the weights as they set them
+        return find_shipped_adapter(model, task)
     path = Path(choice)
     if not path.is_file():
         raise AdapterError(f"LoRA adapter file not found: {path}")
@@ -126,25 +133,33 @@ def _loaded_adapter(model: Model, path: Path) -> LoraAdapter:
         return adapter
 
 
+def _set_scales(model: Model, scales: dict[int, tuple[LoraAdapter, float]]) -> None:
+    for adapter, scale in scales.values():
+        if not model.closed and any(adapter is a for a in model.loras) and adapter.scale != scale:
+            model.set_lora_scale(adapter, scale)
+
+
 @contextmanager
 def task_adapter(model: Model, choice: AdapterChoice, task: str) -> Iterator[LoraAdapter | None]:
-    """Switch the task's LoRA on for the duration (loading it into ``model`` the first time).
+    """Run a task on its LoRA: that one on, the other task adapters off, for the duration.
 
-    Yields the adapter, or None when the base model is used (``choice`` None, or ``"auto"``
-    with nothing shipped for this model, or with LoRAs the caller applied already).
+    The adapter is loaded into ``model`` the first time (at scale 0) and switched back
+    afterwards, so tasks nest (an ``Agent`` step inside an ``extract_many`` loop runs on
+    the tools adapter, then the extraction one is back on). Yields the adapter, or None
+    when the base weights are used (``choice`` None, or ``"auto"`` with nothing shipped
+    for this model), or when ``"auto"`` finds LoRAs the caller applied (left as they are).
     """
     path = _resolve(model, choice, task)
-    if path is None:
+    if path is _LEAVE:
         yield None
         return
     with model.lock:
-        adapter = _loaded_adapter(model, path)
-        previous = adapter.scale
-        if previous != 1.0:
-            model.set_lora_scale(adapter, 1.0)
+        target = _loaded_adapter(model, path) if isinstance(path, Path) else None
+        ours = _ours(model)
+        before = {id(a): (a, a.scale) for a in ours}
+        _set_scales(model, {id(a): (a, 1.0 if a is target else 0.0) for a in ours})
     try:
-        yield adapter
+        yield target
     finally:
         with model.lock:
-            if not model.closed and any(adapter is a for a in model.loras) and adapter.scale != previous:
-                model.set_lora_scale(adapter, previous)
+            _set_scales(model, before)

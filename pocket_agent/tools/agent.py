@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -313,7 +313,9 @@ class Agent:
     @contextmanager
     def _adapter_on(self) -> Iterator[None]:
         """The tools LoRA on while the agent scores and generates (the model's lock held)."""
-        with self.model.lock, task_adapter(self.model, self.adapter, "tools") as lora:
+        # a tools adapter is for turns that can call tools; without tools, the base weights
+        choice = self.adapter if self.tools else None
+        with self.model.lock, task_adapter(self.model, choice, "tools") as lora:
             path = lora.path if lora is not None else None
             if path != self._router_for:  # the routing constant belongs to the weights
                 bias = adapter_record(path).get("call_bias") if path is not None else None
@@ -458,37 +460,41 @@ class Agent:
         finish = "grammar"
         watcher = _RepeatWatcher(self._call_key)
         cut: int | None = None
-        gen = stream_tokens(model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage)
-        try:
-            while True:
-                try:
-                    ev = next(gen)
-                except StopIteration as done:
-                    finish = str(done.value)
-                    break
-                tokens.extend(ev.tokens)
-                yield AgentEvent("text", index, text=ev.text, forced=ev.forced)
-                cut = watcher.feed(ev.text)
-                if cut is not None:
-                    # Greedy decoding of a small model tends to repeat a call verbatim; the
-                    # repeat adds nothing, so the turn ends before it.
-                    finish = "repeat"
-                    break
-        except OutputBudgetExceeded as exc:
-            # A free-text answer that ran out of budget is still an answer. Of tool calls only
-            # the complete ones are kept; a turn whose first call was cut off has no action.
-            partial = exc.partial
-            if partial.lstrip().startswith(CALL_OPEN):
-                end = partial.rfind(CALL_CLOSE)
-                if end < 0:
+        # The tools LoRA was trained to decide and to write calls; an answer turn is written by
+        # the base weights (the adapter's only answers are refusals of irrelevant requests).
+        weights = task_adapter(model, None, "tools") if tool_choice == "none" and self.tools else nullcontext()
+        with weights:
+            gen = stream_tokens(model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage)
+            try:
+                while True:
+                    try:
+                        ev = next(gen)
+                    except StopIteration as done:
+                        finish = str(done.value)
+                        break
+                    tokens.extend(ev.tokens)
+                    yield AgentEvent("text", index, text=ev.text, forced=ev.forced)
+                    cut = watcher.feed(ev.text)
+                    if cut is not None:
+                        # Greedy decoding of a small model tends to repeat a call verbatim; the
+                        # repeat adds nothing, so the turn ends before it.
+                        finish = "repeat"
+                        break
+            except OutputBudgetExceeded as exc:
+                # A free-text answer that ran out of budget is still an answer. Of tool calls only
+                # the complete ones are kept; a turn whose first call was cut off has no action.
+                partial = exc.partial
+                if partial.lstrip().startswith(CALL_OPEN):
+                    end = partial.rfind(CALL_CLOSE)
+                    if end < 0:
+                        raise
+                    cut = end + len(CALL_CLOSE)
+                    watcher.text = partial
+                elif self._output_schema is not None or not partial.strip():
                     raise
-                cut = end + len(CALL_CLOSE)
-                watcher.text = partial
-            elif self._output_schema is not None or not partial.strip():
-                raise
-            finish = "length"
-        finally:
-            gen.close()
+                finish = "length"
+            finally:
+                gen.close()
         text = model.decode(tokens)
         if cut is not None:
             text = watcher.text[:cut]

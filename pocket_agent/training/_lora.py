@@ -160,3 +160,32 @@ def read_gguf_lora_metadata(path: Path) -> dict[str, str]:
             value: Any = field.contents()
             out[key.removeprefix("pocket_agent.")] = str(value)
     return out
+
+
+def update_gguf_lora_metadata(path: Path, extra: dict[str, str]) -> Path:
+    """Rewrite a GGUF LoRA from :func:`write_gguf_lora` with ``extra`` ``pocket_agent.*`` keys
+    added or replaced (e.g. a routing constant calibrated after training); tensors unchanged."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = str(reader.fields["general.architecture"].contents())
+    alpha = float(reader.fields["adapter.lora.alpha"].contents())
+    metadata = read_gguf_lora_metadata(path)
+    metadata.update(extra)
+    tensors = {t.name: np.array(t.data).reshape([int(d) for d in reversed(t.shape)]) for t in reader.tensors}
+    del reader  # its memory map must be closed before the file is replaced
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    for key, value in sorted(metadata.items()):
+        writer.add_string(f"pocket_agent.{key}", value)
+    for name in sorted(tensors):
+        writer.add_tensor(name, np.ascontiguousarray(tensors[name], dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path

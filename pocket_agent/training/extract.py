@@ -120,6 +120,15 @@ def extract_examples(
     return out
 
 
+def _schema_record(schema: Schema | None, rows: list[Mapping[str, Any]]) -> str:
+    """What the adapter was trained to fill: the schema, or "per example" when rows bring their own."""
+    own = sum(1 for r in rows if r.get("schema") is not None)
+    if schema is None:
+        return "per example"
+    text = json.dumps(json_schema_of(schema), sort_keys=True)
+    return text if not own else f"per example ({own} rows); the other {len(rows) - own}: {text}"
+
+
 def train_extract_adapter(
     examples: Iterable[Mapping[str, Any]],
     schema: Schema | None,
@@ -148,7 +157,7 @@ def train_extract_adapter(
     rows = list(examples)
     sft = extract_examples(m, rows, schema, instructions=instructions)
     details: dict[str, object] = {
-        "schema": json.dumps(json_schema_of(schema), sort_keys=True) if schema is not None else "per example",
+        "schema": _schema_record(schema, rows),
         "examples": len(rows),
     }
     return train_lora_adapter(
