@@ -19,8 +19,8 @@ its section of bench/adapters.md.
 The shipped adapters reproduce with:
 
     python bench/adapters.py extract --epochs 6 --lr 3e-4 --ship
-    python bench/adapters.py tools --epochs 2 --ship && python bench/bfcl_calibrate.py \
-        --adapter pocket_agent/data/tools-<identity>.gguf --write
+    python bench/adapters.py tools --epochs 2 --per-category 60   # opt-in, not shipped yet, then:
+    python bench/bfcl_calibrate.py --adapter bench/out/tools.gguf --write
 """
 
 from __future__ import annotations

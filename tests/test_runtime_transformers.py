@@ -325,17 +325,21 @@ def test_layer_states_match_llamacpp(tiny_tf: Model, tiny_gguf: Model, smol_tf: 
 # -- LoRA -------------------------------------------------------------------------------------
 
 
+def _fresh_logits(m: Model, ids: list[int]) -> np.ndarray:
+    m.reset()  # eval appends to the cache: start each measurement from an empty one
+    return m.eval(ids, logits="all").logits
+
+
 def _lora_deltas(m: Model, ids: list[int], path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    m.reset()
-    base = m.eval(ids, logits="all").logits
+    base = _fresh_logits(m, ids)
     adapter = m.load_lora(path, scale=1.0)
     try:
-        with_lora = m.eval(ids, logits="all").logits
+        with_lora = _fresh_logits(m, ids)
         m.set_lora_scale(adapter, 0.0)
-        off = m.eval(ids, logits="all").logits
+        off = _fresh_logits(m, ids)
     finally:
         m.remove_lora(adapter)
-    np.testing.assert_array_equal(m.eval(ids, logits="all").logits, base)
+    np.testing.assert_array_equal(_fresh_logits(m, ids), base)
     m.reset()
     return base, with_lora - base, off
 

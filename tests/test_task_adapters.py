@@ -195,28 +195,22 @@ def test_tasks_nest_each_on_its_own_adapter(smollm: Model, shipped: Path, tmp_pa
     assert all(a.scale == 0.0 for a in smollm.loras)
 
 
-def test_the_default_model_ships_a_calibrated_tools_lora_used_only_by_agents_with_tools(smollm: Model) -> None:
+def test_answer_turns_and_agents_without_tools_run_on_the_base_weights(smollm: Model, tmp_path: Path) -> None:
+    from test_lora import write_lora
+
     from pocket_agent import Agent
 
-    tools_lora = find_shipped_adapter(smollm, "tools")
-    assert tools_lora is not None and tools_lora != find_shipped_adapter(smollm, "extract")
-    record = adapter_record(tools_lora)
-    assert record["task"] == "tools" and "live_simple held out" in record["data"]
-    bias = float(record["call_bias"])  # fitted with the LoRA on (bench/bfcl_calibrate.py --write)
-    agent = Agent([add], model=smollm)
-    routed = agent.route([{"role": "user", "content": "What is 17 plus 25?"}])
-    assert agent._router.bias == pytest.approx(bias) and routed.choice in ("answer", "add")
-    assert all(a.scale == 0.0 for a in smollm.loras)
-    # the weights an answer turn is written with are the base model's
+    path = write_lora(tmp_path / "tools.gguf", "llama", layers=2, rank=4, seed=4)
+    assert find_shipped_adapter(smollm, "tools") is None  # opt-in for now (bench/bfcl.md)
     base = _base_logits(smollm)
     seen: list[np.ndarray] = []
-    real_stream = __import__("pocket_agent.tools.agent", fromlist=["stream_tokens"]).stream_tokens
+    import pocket_agent.tools.agent as agent_module
+
+    real_stream = agent_module.stream_tokens
 
     def spy(model: Model, *args: object, **kwargs: object) -> object:
         seen.append(_base_logits(model))
         return real_stream(model, *args, **kwargs)
-
-    import pocket_agent.tools.agent as agent_module
 
     agent_module.stream_tokens = spy  # type: ignore[assignment]
     try:
@@ -226,9 +220,10 @@ def test_the_default_model_ships_a_calibrated_tools_lora_used_only_by_agents_wit
             ([], "auto", "Say hi."),  # no tools: never the tools LoRA
         ):
             with contextlib.suppress(OutputBudgetExceeded):  # only the weights matter here
-                Agent(tools, model=smollm, tool_choice=choice, max_tokens=4).step(task)
+                Agent(tools, model=smollm, tool_choice=choice, max_tokens=4, adapter=path).step(task)
     finally:
         agent_module.stream_tokens = real_stream
     np.testing.assert_array_equal(seen[0], base)
     assert np.abs(seen[1] - base).max() > 1e-2  # a call turn runs on the adapter
     np.testing.assert_array_equal(seen[2], base)
+    assert all(a.scale == 0.0 for a in smollm.loras)
