@@ -450,7 +450,7 @@ def test_bfcl_rows_become_tools_training_rows(tiny_gguf: Model) -> None:
     with pytest.raises(ValueError, match="held-out"):
         tools_data.read_rows("live_simple")
     if not (tools_data.DATA / "parallel.jsonl").is_file():
-        pytest.skip("BFCL data not present")
+        pytest.fail(f"BFCL data missing: {tools_data.DATA} (the shared data folder beside the repository)")
     rows = [tools_data.convert_row(tools_data.read_rows(c)[0], c) for c in ("parallel", "irrelevance")]
     assert [len(r["output"].get("tool_calls", [])) for r in rows] == [3, 0]
     assert rows[1]["output"] == {"content": tools_data.NO_TOOL_ANSWER}
