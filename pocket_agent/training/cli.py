@@ -12,6 +12,7 @@ Needs the ``train`` extra (torch, transformers). The main CLI calls :func:`add_t
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
@@ -81,29 +82,20 @@ def run_tune_command(args: argparse.Namespace) -> int:
     threads = args.threads
     model = load_model(args.model, threads=threads)
     bar = ProgressBar(enabled=not args.quiet)
-    if args.task == "tools":
-        res = train_tools_adapter(
-            _read_rows(args.data),
-            model,
-            training=SftTraining(threads=threads, **overrides),
-            checkpoint=args.checkpoint,
-            resume=args.resume,
-            progress=bar,
-            metadata={"data": str(args.data)},
-        )
-        return _report_lora(res, args.out)
-    if args.task == "extract":
-        from ..extraction import load_schema
-
+    if args.task in ("tools", "extract"):
         rows = list(_read_rows(args.data))
-        if args.schema is None and not all(isinstance(r, dict) and "schema" in r for r in rows):
-            raise InvalidInputError(
-                "tune extract needs --schema (module:PydanticClass or schema.json), or a 'schema' in every row."
-            )
-        res = train_extract_adapter(
-            rows,
-            load_schema(args.schema) if args.schema is not None else None,
-            model,
+        if args.task == "tools":
+            train: Any = functools.partial(train_tools_adapter, rows, model)
+        else:
+            from ..extraction import load_schema
+
+            if args.schema is None and not all(isinstance(r, dict) and "schema" in r for r in rows):
+                raise InvalidInputError(
+                    "tune extract needs --schema (module:PydanticClass or schema.json), or a 'schema' in every row."
+                )
+            schema = load_schema(args.schema) if args.schema is not None else None
+            train = functools.partial(train_extract_adapter, rows, schema, model)
+        res = train(
             training=SftTraining(threads=threads, **overrides),
             checkpoint=args.checkpoint,
             resume=args.resume,
