@@ -15,7 +15,9 @@ from pocket_agent.errors import InvalidInputError
 from pocket_agent.grammars.grounding import normalize_space
 from pocket_agent.runtime import Model
 from pocket_agent.tools import Agent, Tool, tool
-from pocket_agent.tools.routing import ANSWER, call_key, decide_route, neutral_messages
+from pocket_agent.tools.format import ToolCall
+from pocket_agent.tools.routing import ANSWER, call_key, call_text, call_tokens, decide_route, neutral_messages
+from pocket_agent.training.tools import turn_ids
 
 
 @tool
@@ -68,6 +70,18 @@ def test_call_key_ignores_only_choice_valued_arguments() -> None:
     assert a == call_key(body({"city": "Riga", "unit": "fahrenheit", "detailed": True}), tools)
     assert a != call_key(body({"city": "Oslo", "unit": "celsius"}), tools)
     assert call_key("not json", tools) is None
+
+
+@pytest.mark.parametrize("name", ["get_weather", "math.factorial", "calc_área"])
+def test_a_call_is_scored_on_the_tokens_the_model_writes(smollm: Model, name: str) -> None:
+    """Routing scores the tokens a call is written with, cut at a token boundary: the prefix
+    tokenized alone ends in a lone '"' where a call writes '":' (an artefact worth e^-13 on
+    a tuned model)."""
+    toks = call_tokens(smollm, name)
+    written = turn_ids(smollm, [ToolCall(name=name, arguments={"x": 1})])
+    assert written[: len(toks)] == toks
+    assert call_text(name).encode().startswith(smollm.detokenize(toks))
+    assert smollm.decode(toks).endswith('"arguments":')
 
 
 def test_step_carries_routing_scores_and_grounded_arguments(smollm: Model) -> None:

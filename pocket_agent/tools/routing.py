@@ -7,8 +7,8 @@ it, in one pass over the prompt:
 
 * ``answer``: the probability of a first token that starts an answer (among the tokens
   the turn grammar allows first);
-* each tool ``t``: the probability of ``<tool_call>\\n{"name": "t", "arguments"``, the
-  whole continuation, summed over its tokens.
+* each tool ``t``: the probability of ``<tool_call>\\n{"name": "t", "arguments":``, the
+  whole continuation, summed over the tokens a call is written with (:func:`call_tokens`).
 
 Raw probabilities of a small model mostly say how often it calls tools at all. What
 carries the question's signal is how much *this* question moves them, so each score is
@@ -44,7 +44,7 @@ ANSWER = "answer"
 NEUTRAL_QUESTION = "N/A"
 """The content-free question whose scores calibrate every decision."""
 
-CALL_BIAS = 7.9
+CALL_BIAS = 8.73
 """Added to every tool's calibrated score (log scale); fitted on the BFCL dev split."""
 
 
@@ -92,7 +92,27 @@ def _logsumexp(vals: NDArray[np.float64]) -> float:
 
 def call_text(name: str) -> str:
     """The continuation that commits to calling ``name``."""
-    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments"'
+    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+
+
+def call_tokens(model: Model, name: str) -> list[int]:
+    """Token ids of :func:`call_text` as the model writes them inside a whole call.
+
+    Tokenizing the prefix alone can end on a token the model never writes there (SmolLM2:
+    ``"arguments"`` ends with a lone ``"`` where a call writes ``":``, a token the tuned model
+    gives e^-13), which would charge every tool an artefact. So the whole call is tokenized and
+    its longest token prefix whose text lies inside :func:`call_text` is kept.
+    """
+    prefix = call_text(name).encode("utf-8")
+    whole = model.tokenize(call_text(name) + " {}}\n</tool_call>", special=True)
+    kept: list[int] = []
+    for tok in whole:
+        if not prefix.startswith(model.detokenize([*kept, tok])):
+            break
+        kept.append(tok)
+    if json.dumps(name, ensure_ascii=False).encode("utf-8") not in model.detokenize(kept):
+        return model.tokenize(call_text(name), special=True)  # text and tokens did not line up
+    return kept
 
 
 def option_log_probs(
@@ -201,7 +221,7 @@ class Router:
         if self._sets is None:
             self._sets = start_sets()
         if self._call_tokens is None:
-            self._call_tokens = [model.tokenize(call_text(t.name), special=True) for t in tools]
+            self._call_tokens = [call_tokens(model, t.name) for t in tools]
         first_allowed, call_first = self._sets
         if not calibrate:
             question = option_log_probs(model, prompt, tools, first_allowed, call_first, self._call_tokens)
