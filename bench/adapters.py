@@ -11,7 +11,9 @@ test part. extract: trained on the usable SROIE receipts 40..202 and synthetic d
 many kinds and schemas (bench/extract_synthetic.py), scored on receipts 0..39 (the rows
 bench/extract.md scores) with bench/extract.py's pipeline (grounded strings, number
 choice), on held-out synthetic documents and on the quick start's invoice. tools: trained on
-BFCL rows 30+ (bench/tools_data.py; live_simple held out entirely); then
+BFCL rows 30+ (bench/tools_data.py; live_simple held out entirely) and synthetic everyday
+conversations (bench/tools_synthetic.py: one-tool requests, several calls, near misses, answers
+after a tool's result); then
 `bench/bfcl_calibrate.py --adapter bench/out/tools.gguf --write` fits its routing constant on
 rows 15-29 and `bench/bfcl.py --base` scores rows 0-9. Each task prints a table and rewrites
 its section of bench/adapters.md.
@@ -19,7 +21,7 @@ its section of bench/adapters.md.
 The shipped adapters reproduce with:
 
     python bench/adapters.py extract --epochs 6 --lr 3e-4 --ship
-    python bench/adapters.py tools --epochs 2 --per-category 60   # opt-in, not shipped yet, then:
+    python bench/adapters.py tools --epochs 2 --per-category 50 --synthetic 300   # opt-in, not shipped; then:
     python bench/bfcl_calibrate.py --adapter bench/out/tools.gguf --write
 """
 
@@ -237,6 +239,7 @@ def run_extract(args: argparse.Namespace) -> list[str]:
     test, train = docs[:SROIE_TEST], docs[SROIE_TEST:]
     rows = [{"text": d["text"], "output": d["expected"]} for d in train if usable(d["expected"])]
     n_sroie = len(rows)
+    args.synthetic = 270 if args.synthetic is None else args.synthetic
     rows += extract_synthetic.examples(args.synthetic, seed=0)
     held_out = extract_synthetic.examples(SYNTHETIC_TEST, seed=1)
     given = {"lr": args.lr} if args.lr is not None else {}
@@ -307,6 +310,7 @@ def run_tools(args: argparse.Namespace) -> list[str]:
     import random
 
     import tools_data
+    import tools_synthetic
 
     t0, load0 = time.time(), dbench.loadavg()
     m = load_model(threads=1)
@@ -320,14 +324,21 @@ def run_tools(args: argparse.Namespace) -> list[str]:
         for cat in by_cat.values()
         for r in (cat if len(cat) <= args.per_category else rng.sample(cat, args.per_category))
     ]
+    n_synthetic = 300 if args.synthetic is None else args.synthetic
+    synthetic = tools_synthetic.examples(n_synthetic, seed=0)
     given = {"lr": args.lr} if args.lr is not None else {}
     training = SftTraining(epochs=args.epochs, threads=args.threads, lora_blocks=args.lora_blocks, **given)
     used = {cat: sum(r["category"] == cat for r in picked) for cat in by_cat}
+    shapes = {s: sum(r["category"] == "synthetic_" + s for r in synthetic) for s in tools_synthetic.SHAPES}
     data = (
         "../shared/data/bfcl rows 30+ of "
         + ", ".join(f"{cat} ({n})" for cat, n in used.items())
-        + f"; {tools_data.HELD_OUT} held out entirely (bench/tools_data.py, seed 0)"
+        + f"; {tools_data.HELD_OUT} held out entirely (bench/tools_data.py, seed 0); "
+        + f"{n_synthetic} synthetic conversations (bench/tools_synthetic.py, seed 0: "
+        + ", ".join(f"{s} {n}" for s, n in shapes.items())
+        + ")"
     )
+    picked += synthetic
     log(f"training the tools LoRA on {len(picked)} rows: {used}")
     from pocket_agent.training import train_tools_adapter
 
@@ -378,7 +389,9 @@ def main() -> int:
     ap.add_argument("--train-sets", type=lambda s: s.split(","), default=list(dbench.SHIPPED_SETS))
     ap.add_argument("--objective", choices=["hidden", "cloze"], default="cloze", help="(decide) what the head reads")
     ap.add_argument("--ship", action="store_true", help="write the adapter into pocket_agent/data/")
-    ap.add_argument("--synthetic", type=int, default=270, help="(extract) synthetic training documents")
+    ap.add_argument(
+        "--synthetic", type=int, default=None, help="synthetic training rows (default: extract 270, tools 300)"
+    )
     ap.add_argument("--adapter", default=None, help="(extract) score this LoRA instead of training one")
     ap.add_argument("--per-category", type=int, default=80, help="(tools) most training rows per BFCL category")
     args = ap.parse_args()

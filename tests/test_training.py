@@ -456,3 +456,28 @@ def test_bfcl_rows_become_tools_training_rows(tiny_gguf: Model) -> None:
     assert rows[1]["output"] == {"content": tools_data.NO_TOOL_ANSWER}
     assert rows[0]["tools"][0]["function"]["parameters"]["type"] == "object"  # BFCL "dict", normalised
     assert len(tool_examples(tiny_gguf, rows)) == 2  # training takes them
+
+
+def test_synthetic_tool_conversations_are_valid_training_rows(tiny_gguf: Model) -> None:
+    """Every shape is generated, reproducibly; call arguments are spans or numbers of the request
+    (what grounded arguments can write) and validate against the tool's schema."""
+    import sys
+
+    import jsonschema
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import tools_synthetic
+
+    from pocket_agent.training.tools import tool_examples
+
+    rows = tools_synthetic.examples(120, seed=0)
+    assert rows == tools_synthetic.examples(120, seed=0)
+    assert {r["category"] for r in rows} == {"synthetic_" + s for s in tools_synthetic.SHAPES}
+    for row in rows:
+        specs = {t["function"]["name"]: t["function"]["parameters"] for t in row["tools"]}
+        request = next(m["content"] for m in reversed(row["messages"]) if m["role"] == "user")
+        for call in row["output"].get("tool_calls", []):
+            jsonschema.validate(call["arguments"], specs[call["name"]])
+            for value in call["arguments"].values():
+                assert str(value) in request, (value, request)
+    assert len(tool_examples(tiny_gguf, rows)) == len(rows)
