@@ -328,6 +328,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
     )
     adapter = None if args.adapter == "none" else args.adapter
     meta["adapter"] = _adapter_note(model, adapter)
+    meta["adapter_arg"] = args.adapter
     meta["systems"] = names
     records: list[dict[str, Any]] = []
     t_all = time.perf_counter()
@@ -435,7 +436,13 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"Machine: {meta['machine']}. Run time {meta['minutes']} min for all systems.",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
         "",
-        "Systems: *ours* = the default `Agent(tools).step(question)`: tool_choice auto, routed by the scored "
+        "Systems: *ours* = "
+        + (
+            "the default `Agent(tools).step(question)`"
+            if meta.get("adapter_arg", "auto") == "auto"
+            else f"`Agent(tools, adapter=...).step(question)` (opt-in adapter: `--adapter {meta['adapter_arg']}`)"
+        )
+        + ": tool_choice auto, routed by the scored "
         "decision of `pocket_agent.tools.routing` (the model's probability of answering and of each tool's call, "
         "calibrated against a content-free question, one constant `CALL_BIAS` fitted by `bench/bfcl_calibrate.py` "
         "on rows 15-29 of every category, disjoint from the rows scored here), string arguments grounded in the "
@@ -481,6 +488,7 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "",
         f"Reproduce: `python bench/bfcl.py --n {meta['n']} --threads {meta['threads']}"
         + (" --base" if "ours-base" in names else "")
+        + ("" if meta.get("adapter_arg", "auto") == "auto" else f" --adapter {meta['adapter_arg']}")
         + " --jsonl runs.jsonl "
         "--out bench/bfcl.md` (`--from-jsonl runs.jsonl` rebuilds the report without running).",
     ]
