@@ -239,18 +239,18 @@ def run_extract(args: argparse.Namespace) -> list[str]:
     test, train = docs[:SROIE_TEST], docs[SROIE_TEST:]
     rows = [{"text": d["text"], "output": d["expected"]} for d in train if usable(d["expected"])]
     n_sroie = len(rows)
-    args.synthetic = 270 if args.synthetic is None else args.synthetic
-    rows += extract_synthetic.examples(args.synthetic, seed=0)
+    n_synthetic = 270 if args.synthetic is None else args.synthetic
+    rows += extract_synthetic.examples(n_synthetic, seed=0)
     held_out = extract_synthetic.examples(SYNTHETIC_TEST, seed=1)
     given = {"lr": args.lr} if args.lr is not None else {}
     training = SftTraining(epochs=args.epochs, threads=args.threads, lora_blocks=args.lora_blocks, **given)
     data = (
         f"../shared/data/sroie/receipts.jsonl rows {SROIE_TEST}..{len(docs) - 1} ({n_sroie} usable); "
-        f"{args.synthetic} synthetic documents of {len(extract_synthetic.KINDS)} kinds "
+        f"{n_synthetic} synthetic documents of {len(extract_synthetic.KINDS)} kinds "
         "(bench/extract_synthetic.py, seed 0)"
     )
     if args.adapter is None:
-        log(f"training the extraction LoRA on {n_sroie} receipts and {args.synthetic} synthetic documents")
+        log(f"training the extraction LoRA on {n_sroie} receipts and {n_synthetic} synthetic documents")
         res = train_extract_adapter(
             rows,
             xbench.Receipt,

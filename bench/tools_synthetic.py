@@ -425,7 +425,6 @@ def row(r: random.Random, shape: str) -> dict[str, Any]:
         return _row(shape, text, _tools(r, [kind], extra), {"content": NO_TOOL_ANSWER})
     text, args = kind.request(r)
     result, answer = kind.result(args, r)
-    call = {"name": kind.name, "arguments": args}
     messages = [
         {"role": "user", "content": text},
         {
@@ -435,14 +434,9 @@ def row(r: random.Random, shape: str) -> dict[str, Any]:
                 {"id": "call_0", "type": "function", "function": {"name": kind.name, "arguments": json.dumps(args)}}
             ],
         },
-        {"role": "tool", "tool_call_id": "call_0", "name": call["name"], "content": result},
+        {"role": "tool", "tool_call_id": "call_0", "name": kind.name, "content": result},
     ]
-    return {
-        "category": "synthetic_" + shape,
-        "messages": messages,
-        "tools": _tools(r, [kind], extra),
-        "output": {"content": answer},
-    }
+    return {**_row(shape, text, _tools(r, [kind], extra), {"content": answer}), "messages": messages}
 
 
 def _row(shape: str, text: str, tools: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .format import CALL_CLOSE, CALL_OPEN, ToolCall
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
@@ -92,7 +94,7 @@ def _logsumexp(vals: NDArray[np.float64]) -> float:
 
 def call_text(name: str) -> str:
     """The continuation that commits to calling ``name``."""
-    return '<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+    return CALL_OPEN + '\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
 
 
 def call_tokens(model: Model, name: str) -> list[int]:
@@ -103,15 +105,16 @@ def call_tokens(model: Model, name: str) -> list[int]:
     gives e^-13), which would charge every tool an artefact. So the whole call is tokenized and
     its longest token prefix whose text lies inside :func:`call_text` is kept.
     """
-    prefix = call_text(name).encode("utf-8")
-    whole = model.tokenize(call_text(name) + " {}}\n</tool_call>", special=True)
+    text = call_text(name)
+    prefix = text.encode("utf-8")
+    whole = model.tokenize(f"{CALL_OPEN}\n{ToolCall(name=name).to_json()}\n{CALL_CLOSE}", special=True)
     kept: list[int] = []
     for tok in whole:
         if not prefix.startswith(model.detokenize([*kept, tok])):
             break
         kept.append(tok)
     if json.dumps(name, ensure_ascii=False).encode("utf-8") not in model.detokenize(kept):
-        return model.tokenize(call_text(name), special=True)  # text and tokens did not line up
+        return model.tokenize(text, special=True)  # text and tokens did not line up
     return kept
 
 
