@@ -319,6 +319,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
     model_path = default_model_path()
     meta["model"] = model_path.name
     model = load_model(model_path, threads=args.threads)
+    meta["ours_weights"] = model.info.extra.get("quantization", "?")
     peer = None if args.no_peer else make_peer(model_path, args.threads, args.max_tokens)
     names = (
         ["ours"]
@@ -424,11 +425,17 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"Questions over 10 s (ours): {slow}/{len(records)}; "
         f"slowest {max(r['ours']['seconds'] for r in records):.1f} s."
     )
+    weights_note = (
+        f"both systems in one process; ours runs it as our runtime loads it ({meta['ours_weights']}: the Q8_0 copy "
+        "of `pocket_agent.runtime.layout`), the peer loads the file as shipped."
+        if "ours_weights" in meta
+        else "both systems on the same GGUF in one process."
+    )
     md = [
         "# BFCL function calling: pocket_agent vs llama-cpp-python `chatml-function-calling`",
         "",
         f"Model: embedded default `{meta['model']}` (SmolLM2-135M-Instruct), greedy, {meta['threads']} thread(s), "
-        "both systems on the same GGUF in one process.",
+        + weights_note,
         f"Sample: rows {meta.get('start', 0)}-{meta.get('start', 0) + meta['n'] - 1} of each category of "
         "`shared/data/bfcl` (development split); "
         + ("" if meta.get("grounded", "true") == "true" else f"ours with `grounded={meta['grounded']}`; ")

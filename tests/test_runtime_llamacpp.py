@@ -1,4 +1,4 @@
-"""The llama.cpp backend on the embedded default model (SmolLM2-135M-Instruct, Q4_1)."""
+"""The llama.cpp backend on the embedded default model (SmolLM2-135M-Instruct, run from its Q8_0 copy)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pocket_agent.errors import (
 from pocket_agent.runtime import Model, load_model
 from pocket_agent.runtime.base import split_complete_utf8
 
-# Q4_1 weights: llama.cpp quantises activations to q8 for its dot products and takes a
+# Quantised weights (Q4_1, run as Q8_0): llama.cpp quantises activations to q8 for its dot products and takes a
 # different kernel for a 1-token batch than for a many-token batch, so logits of an
 # incremental decode and of a full recompute differ by up to ~1 (FACTS.md). The argmax
 # agrees; the tolerance is stated here once.

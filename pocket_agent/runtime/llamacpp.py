@@ -472,6 +472,20 @@ def _check_gguf_file(p: Path) -> None:
         raise ModelLoadError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes).")
 
 
+def quantize_gguf(source: Path, target: Path, *, file_type: int, threads: int | None = None) -> None:
+    """Write ``source`` re-quantized to ``file_type`` (a ``llama_ftype``) at ``target``, with
+    llama.cpp's own quantizer; :class:`OSError` when it fails (``target`` is then removed)."""
+    lc = _ensure_backend()  # its log goes through the backend's quiet handler
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = file_type
+    params.allow_requantize = True
+    params.nthread = threads or max(1, min(4, os.cpu_count() or 1))
+    rc = lc.llama_model_quantize(str(source).encode("utf-8"), str(target).encode("utf-8"), params)
+    if rc != 0 or not target.is_file():
+        target.unlink(missing_ok=True)
+        raise OSError(f"llama.cpp's quantizer returned {rc}: {_recent_errors()}")
+
+
 def system_info() -> str:
     """llama.cpp's system info string (the CPU features its build uses)."""
     raw = _llama_cpp().llama_print_system_info()

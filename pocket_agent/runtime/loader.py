@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
+from .layout import layout_setting, runtime_gguf
 
 Backend = Literal["llamacpp", "mnn", "transformers"]
 BACKENDS: tuple[Backend, ...] = ("llamacpp", "mnn", "transformers")
@@ -105,6 +107,7 @@ def load_model(
     backend: Backend | None = None,
     threads: int | None = None,
     n_ctx: int | None = None,
+    layout: str | None = None,
     **backend_options: Any,
 ) -> Model:
     """Load a model.
@@ -118,6 +121,12 @@ def load_model(
         threads: CPU threads (default: ``$POCKET_AGENT_THREADS``, else the cores this process
             may use: CPU affinity, the cgroup's CPU quota and ``$OMP_NUM_THREADS`` respected).
         n_ctx: context window in tokens (default: the model's, capped at 4096).
+        layout: the weight layout a GGUF runs in on llama.cpp (see
+            :mod:`pocket_agent.runtime.layout`): ``"auto"`` (default) runs the embedded
+            default model (Q4_1) from a Q8_0 copy written once to the cache, which evaluates
+            prompts about twice as fast with the same outputs; ``"q8_0"`` does that for any
+            4/5-bit GGUF; ``"original"`` loads files as they are. Default:
+            ``$POCKET_AGENT_LAYOUT``, else ``"auto"``.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` and
             ``extra_buffers`` for llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
             ``extra_buffers=False`` keeps GGUF weights out of llama.cpp's extra buffer types
@@ -130,6 +139,7 @@ def load_model(
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")
     if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 8):
         raise InvalidInputError(f"n_ctx must be an integer >= 8, got {n_ctx!r}.")
+    chosen_layout = layout_setting(layout)
     path = resolve_source(source)
     detected, target = detect_backend(path)
     chosen = backend or detected
@@ -142,7 +152,11 @@ def load_model(
     if chosen == "llamacpp":
         from .llamacpp import LlamaCppModel
 
-        model = LlamaCppModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
+        weights = runtime_gguf(target, chosen_layout, is_default_model=_is_default_model(target))
+        model = LlamaCppModel(weights, threads=threads, n_ctx=n_ctx, **backend_options)
+        if weights != target:  # the model is still the file the caller named; its weights run from the copy
+            extra = {**model.info.extra, "weights": str(weights)}
+            model.info = replace(model.info, path=target, extra=extra)
     elif chosen == "transformers":
         from .hf import TransformersModel
 
@@ -152,6 +166,13 @@ def load_model(
 
         model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
     return model
+
+
+def _is_default_model(path: Path) -> bool:
+    try:
+        return path.resolve() == default_model_path().resolve()
+    except (ModelNotFoundError, OSError):
+        return False
 
 
 def get_default_model() -> Model:

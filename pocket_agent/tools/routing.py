@@ -46,8 +46,9 @@ ANSWER = "answer"
 NEUTRAL_QUESTION = "N/A"
 """The content-free question whose scores calibrate every decision."""
 
-CALL_BIAS = 8.73
-"""Added to every tool's calibrated score (log scale); fitted on the BFCL dev split."""
+CALL_BIAS = 8.38
+"""Added to every tool's calibrated score (log scale); fitted on the BFCL dev split with the
+default model as it runs (its Q8_0 copy): best interval 7.95-8.81, balanced accuracy 0.913."""
 
 
 @dataclass(frozen=True)
