@@ -137,7 +137,7 @@ def _run_ours(docs: list[dict[str, Any]], model: Any, label: str, choose: bool) 
     from pocket_agent.extraction import _prepare, _text_grammar, build_messages
     from pocket_agent.generate import render_prompt, run_generation
     from pocket_agent.grammars import clear_cache
-    from pocket_agent.grounding import DEFAULT_GROUNDING, choose_numbers
+    from pocket_agent.grounding import DEFAULT_GROUNDING, choose_numbers, widen_words
 
     res = Result(label)
     clear_cache()
@@ -158,6 +158,7 @@ def _run_ours(docs: list[dict[str, Any]], model: Any, label: str, choose: bool) 
             text = out.text
             if choose:  # what extract() does after generating: numbers chosen among the printed ones
                 text, _ = choose_numbers(model, ids, text, prepared.grammar_schema, doc["text"])
+            text, _ = widen_words(text, prepared.grammar_schema, doc["text"])  # and strings widened to whole words
             res.choose_ms.append((time.perf_counter() - t1) * 1000)
         except PocketAgentError as exc:
             res.errors.append(type(exc).__name__)
@@ -194,21 +195,33 @@ def run_unconstrained(docs: list[dict[str, Any]], model: Any) -> Result:
     return res
 
 
-def _llama(threads: int) -> Any:
+def _llama(threads: int, path: Path | None = None) -> Any:
+    """llama-cpp-python on ``path`` (default: the GGUF file as shipped, what its users load)."""
     from llama_cpp import Llama
 
     from pocket_agent.runtime import default_model_path
 
     return Llama(
-        str(default_model_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0
+        str(path or default_model_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0
     )
 
 
-def run_llama_cpp(docs: list[dict[str, Any]], threads: int, model: Any) -> Result:
+def q8_0_copy_of(model: Any) -> Path:
+    """The Q8_0 copy our runtime loaded for the default model (``pocket-agent info``: weights)."""
+    return Path(model.info.extra["weights"])
+
+
+def run_llama_cpp(
+    docs: list[dict[str, Any]],
+    threads: int,
+    model: Any,
+    path: Path | None = None,
+    label: str = "llama-cpp-python json_object+schema",
+) -> Result:
     from pocket_agent.extraction import build_messages
 
-    res = Result("llama-cpp-python json_object+schema")
-    llm = _llama(threads)
+    res = Result(label)
+    llm = _llama(threads, path)
     schema = closed_schema()
     for doc in docs:
         messages = build_messages(doc["text"], schema)
@@ -259,7 +272,17 @@ def main() -> int:
     ap.add_argument(
         "--only",
         nargs="+",
-        default=["ours", "ours-base", "ours-greedy-numbers", "ours-mnn", "llama-cpp", "outlines", "unconstrained"],
+        default=[
+            "ours",
+            "ours-q4_1",
+            "ours-base",
+            "ours-greedy-numbers",
+            "ours-mnn",
+            "llama-cpp",
+            "llama-cpp-q8_0",
+            "outlines",
+            "unconstrained",
+        ],
     )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -280,8 +303,16 @@ def main() -> int:
         "ours-greedy-numbers": lambda: run_ours(
             docs, model, "ours without the number choice (numbers decoded greedily)", choose=False
         ),
+        "ours-q4_1": lambda: run_ours(
+            docs,
+            load_model(threads=args.threads, layout="original"),
+            "ours on the Q4_1 weights as shipped (layout='original')",
+        ),
         "ours-mnn": ours_mnn,
         "llama-cpp": lambda: run_llama_cpp(docs, args.threads, model),
+        "llama-cpp-q8_0": lambda: run_llama_cpp(
+            docs, args.threads, model, q8_0_copy_of(model), "llama-cpp-python json_object+schema on our Q8_0 copy"
+        ),
         "outlines": lambda: run_outlines(docs, args.threads, model),
         "unconstrained": lambda: run_unconstrained(docs, model),
     }
@@ -326,7 +357,7 @@ def main() -> int:
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
         for mine in ("ours", "ours-mnn"):
-            for key in ("llama-cpp", "outlines"):
+            for key in ("llama-cpp", "llama-cpp-q8_0", "outlines"):
                 if key in results and mine in results:
                     sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
                     notes.append(f"- {results[mine].name} is {sp:.2f}x faster per document than {results[key].name}")
@@ -360,7 +391,8 @@ def main() -> int:
             f"- Machine: {machine()}; shared and noisy, so compare rows of one run.\n"
             f"- Python {platform.python_version()}; {', '.join(vers)}\n"
             f"- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), {args.threads} threads, greedy, "
-            f"max_tokens {MAX_TOKENS}.\n"
+            f"max_tokens {MAX_TOKENS}. Our runtime runs it from its Q8_0 copy (`load_model` layout 'auto', "
+            "pocket_agent.runtime.layout); the peers load the Q4_1 file as shipped unless the row says otherwise.\n"
             f"- Data: first {len(docs)} SROIE receipts (../shared/data/sroie), schema "
             "{company, date, address, total: number} closed; the same chat prompt for every contender. "
             "Field scores are exact match after whitespace normalisation and case-folding; total as a number.\n\n"

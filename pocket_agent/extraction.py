@@ -37,6 +37,7 @@ from .grounding import (
     document_grammar,
     field_confidence,
     json_members,
+    widen_words,
 )
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
 from .runtime import Model, resolve_model
@@ -310,8 +311,11 @@ def _attempts(
             yield ev.text
         generated = raw = p.model.decode(tokens)
         chosen: dict[str, float] = {}
-        if check_grounding(p.grounded) != (False, False):
+        strings_grounded, numbers_grounded = check_grounding(p.grounded)
+        if strings_grounded or numbers_grounded:
             raw, chosen = choose_numbers(p.model, ids, raw, p.grammar_schema, text)
+        if strings_grounded:
+            raw, _ = widen_words(raw, p.grammar_schema, text)
         last_raw = raw
         try:
             value = _validate(p, raw)

@@ -11,6 +11,8 @@ is set to the printed number the model scores highest as a whole value
 Constraining the digits in the grammar instead (``"x-grounded": true`` on the field, or
 ``grounded="all"``) did not beat free numbers on SROIE: greedy decoding still commits to a
 wrong first digit; the whole-value choice does.
+Words: a top-level grounded string the model cut inside a word of the document (``2041``
+out of ``INV-2041``) is widened to the whole word (:func:`widen_words`).
 
 Confidence (``extract(..., confidence=True)``): for each top-level field, the mean
 probability the model gave to the tokens it chose for that value, under the grammar's
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -31,7 +34,14 @@ import numpy as np
 
 from .errors import InvalidInputError
 from .grammars import GrammarSpec, compile_spec
-from .grammars.grounding import GROUNDED_KEY, grounded_grammar, in_bounds, is_grounded, number_options
+from .grammars.grounding import (
+    GROUNDED_KEY,
+    grounded_grammar,
+    in_bounds,
+    is_grounded,
+    normalize_space,
+    number_options,
+)
 from .runtime import branch_logits
 
 if TYPE_CHECKING:
@@ -56,6 +66,8 @@ __all__ = [
     "document_grammar",
     "field_confidence",
     "json_members",
+    "whole_words",
+    "widen_words",
 ]
 
 MAX_NUMBER_OPTIONS = 16
@@ -271,3 +283,76 @@ def choose_numbers(
             raw = raw[:start] + options[best] + raw[end:]
             chosen[key] = float(sum(best_probs) / len(best_probs))
     return raw, chosen
+
+
+# Characters a word is made of, for widening: letters and digits of scripts that separate
+# words with spaces (CJK text has no spaces, so a CJK character never extends a value),
+# and the joiners of codes, dates and addresses (INV-2041, 12/03/2024, bob@x.com).
+_JOINERS = frozenset("-./&'_#@+%")
+_CJK_START = 0x2E80
+
+
+def _word_char(c: str) -> bool:
+    return (c.isalnum() and ord(c) < _CJK_START) or c in _JOINERS
+
+
+def whole_words(value: str, text: str) -> str:
+    """``value`` widened to the whole words of ``text`` it cuts.
+
+    Unchanged when ``value`` is empty, is not in the (whitespace-normalised) ``text``, or
+    appears somewhere as whole words already. Otherwise, at its first appearance, each end
+    that falls inside a word moves out to the word's end; the added part never ends on a
+    joiner, so sentence punctuation stays out (``Smith`` in ``John Smith.`` stays ``Smith``).
+    """
+    if not value:
+        return value
+    t = normalize_space(text)
+    starts = [m.start() for m in re.finditer(re.escape(value), t)]
+    if not starts:
+        return value
+
+    def cuts_left(i: int) -> bool:
+        return i > 0 and _word_char(t[i - 1]) and _word_char(t[i])
+
+    def cuts_right(j: int) -> bool:
+        return j < len(t) and _word_char(t[j]) and _word_char(t[j - 1])
+
+    if any(not cuts_left(i) and not cuts_right(i + len(value)) for i in starts):
+        return value
+    lo, hi = starts[0], starts[0] + len(value)
+    a, b = lo, hi
+    while cuts_left(a):
+        a -= 1
+    while cuts_right(b):
+        b += 1
+    while a < lo and not t[a].isalnum():
+        a += 1
+    while b > hi and not t[b - 1].isalnum():
+        b -= 1
+    return t[a:b]
+
+
+def widen_words(raw: str, schema: Mapping[str, Any], text: str) -> tuple[str, list[str]]:
+    """``raw`` with every top-level grounded string field widened to whole words of ``text``
+    (:func:`whole_words`), and the names of the fields that changed.
+
+    A span grammar lets a small model start or stop a value inside a word: with the
+    quick start's invoice, SmolLM2-135M writes ``2041`` for ``INV-2041``. Widening keeps
+    the value a verbatim span of the document. A field whose widened value would break its
+    ``maxLength`` is left as generated.
+    """
+    props = schema.get("properties")
+    if not isinstance(props, Mapping):
+        return raw, []
+    changed: list[str] = []
+    for key, value, start, end in list(json_members(raw))[::-1]:  # right to left: spans stay valid
+        node = props.get(key)
+        if not isinstance(value, str) or not isinstance(node, Mapping) or not is_grounded(node):
+            continue
+        wider = whole_words(value, text)
+        limit = node.get("maxLength")
+        if wider == value or (isinstance(limit, int) and len(wider) > limit):
+            continue
+        raw = raw[:start] + json.dumps(wider, ensure_ascii=False) + raw[end:]
+        changed.append(key)
+    return raw, changed[::-1]
