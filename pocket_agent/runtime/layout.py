@@ -1,10 +1,10 @@
 """The weight layout a GGUF model runs in: Q4_1 files re-laid out as Q8_0, once, cached.
 
 llama.cpp's x86 kernels for Q4_1 (the embedded default model's quantization) evaluate
-prompts at about half the speed of its Q8_0 kernels on the same CPU (bench/runtime.md,
-"Weight layout"). Q8_0 stores every Q4_1 weight within 1/254 of its 32-weight block's range,
-so a Q8_0 copy computes the same model: the extraction benchmark gives identical fields on
-40 SROIE receipts. The copy is written once into the cache (``$POCKET_AGENT_CACHE/gguf``,
+prompts at about half the speed of its Q8_0 kernels on the same CPU (bench/extract.md,
+"Reading it"). Q8_0 stores every Q4_1 weight within 1/254 of its 32-weight block's range,
+so a Q8_0 copy is the same model within rounding: the extraction benchmark gives identical
+fields on 40 SROIE receipts. The copy is written once into the cache (``$POCKET_AGENT_CACHE/gguf``,
 about 1.6x the source's size) by llama.cpp's own quantizer, and reused while the source
 file is unchanged.
 
@@ -20,6 +20,7 @@ loaded as it is: the layout changes speed, never whether a model loads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -91,11 +92,13 @@ def q8_0_copy(source: Path, *, cache_dir: str | Path | None = None) -> Path:
 
     folder = cache_root(cache_dir) / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{source.stem}.q8_0.gguf"
+    # one copy per source file: two GGUFs of the same name in different folders do not collide
+    tag = hashlib.sha256(str(source.resolve()).encode("utf-8")).hexdigest()[:8]
+    target = folder / f"{source.stem}.{tag}.q8_0.gguf"
     stamp_path = target.with_suffix(".json")
     st = source.stat()
     stamp = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "recipe": _RECIPE}
-    with file_lock(folder / f".{source.stem}.lock"):
+    with file_lock(folder / f".{source.stem}.{tag}.lock"):
         if target.is_file() and _read_stamp(stamp_path) == stamp:
             return target
         partial = target.with_suffix(".partial")
