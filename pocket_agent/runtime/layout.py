@@ -38,8 +38,8 @@ LAYOUTS: tuple[Layout, ...] = ("auto", "q8_0", "original")
 LAYOUT_ENV = "POCKET_AGENT_LAYOUT"
 
 # llama.cpp ``llama_ftype`` values (general.file_type) that a Q8_0 copy holds without
-# further loss: 4- and 5-bit blocks of 32 weights.
-_RELAYOUT_FROM = {2: "Q4_0", 3: "Q4_1", 8: "Q5_0", 9: "Q5_1"}
+# further loss: 4- and 5-bit blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1).
+_RELAYOUT_FROM = frozenset({2, 3, 8, 9})
 _FTYPE_Q8_0 = 7
 # Bump when the way copies are written changes; older copies are then rewritten.
 _RECIPE = 1
