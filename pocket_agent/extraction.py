@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
+from .batched import BatchJob, batch_width, generate_batched
 from .errors import (
     ContextOverflowError,
     ExtractionError,
@@ -291,14 +292,21 @@ def _retry_messages(messages: list[dict[str, str]], raw: str, exc: Exception) ->
 
 
 def _attempts(
-    p: _Prepared, text: str, instructions: str | None, examples: Sequence[tuple[str, Any]] | None
+    p: _Prepared,
+    text: str,
+    instructions: str | None,
+    examples: Sequence[tuple[str, Any]] | None,
+    first: list[int] | None = None,
+    grammar: Any = None,
 ) -> Iterator[str | _Done | _NewAttempt]:
     """Run the attempts of one extraction, streaming: yields each attempt's output pieces
     (``str``, a retry announced by ``_NEW_ATTEMPT``) and, when an attempt validates, its
     value wrapped in ``_Done``; raises
-    :class:`ExtractionError` after the last failed attempt."""
+    :class:`ExtractionError` after the last failed attempt. ``first``: the first attempt's
+    output tokens, already generated (by a batch) after the same prompt and ``grammar``."""
     messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
-    grammar = _text_grammar(p, text)
+    if grammar is None:
+        grammar = _text_grammar(p, text)
     last_raw: str | None = None
     last_error: Exception | None = None
     for attempt in range(p.retries + 1):
@@ -306,9 +314,13 @@ def _attempts(
             yield _NEW_ATTEMPT
         ids = _prompt_ids(p, messages, len(text))
         tokens: list[int] = []
-        for ev in stream_tokens(p.model, ids, grammar=grammar, sampling=p.sampling, limits=p.limits):
-            tokens.extend(ev.tokens)
-            yield ev.text
+        if attempt == 0 and first is not None:
+            tokens = list(first)
+            yield p.model.decode(tokens)
+        else:
+            for ev in stream_tokens(p.model, ids, grammar=grammar, sampling=p.sampling, limits=p.limits):
+                tokens.extend(ev.tokens)
+                yield ev.text
         generated = raw = p.model.decode(tokens)
         chosen: dict[str, float] = {}
         strings_grounded, numbers_grounded = check_grounding(p.grounded)
@@ -357,9 +369,11 @@ def _extract_prepared(
     instructions: str | None,
     examples: Sequence[tuple[str, Any]] | None,
     confidence: bool = False,
+    first: list[int] | None = None,
+    grammar: Any = None,
 ) -> Any:
     with p.model.lock, task_adapter(p.model, p.adapter, "extract"):
-        for item in _attempts(p, text, instructions, examples):
+        for item in _attempts(p, text, instructions, examples, first=first, grammar=grammar):
             if isinstance(item, _Done):
                 if confidence:
                     scores = field_confidence(p.model, item.prompt, item.tokens, item.grammar, item.generated)
@@ -541,6 +555,7 @@ def extract_many(
     progress: bool | None = None,
     grounded: Grounding = DEFAULT_GROUNDING,
     adapter: AdapterChoice = "auto",
+    batch: int = 1,
 ) -> Iterator[ExtractOutcome[Any]]:
     """Extract from many documents, yielding one :class:`ExtractOutcome` per document in order.
 
@@ -550,9 +565,23 @@ def extract_many(
     the run goes on. An exception instance among ``texts`` (how a reader flags an
     unreadable record) is reported as that item's error. ``progress`` shows a progress
     bar on stderr (default: when stderr is a terminal). The other options are those of
-    :func:`extract`; each document holds the model's lock while it is extracted, and the
+    :func:`extract`; the model's lock is held while a document is worked on, and the
     extraction adapter stays switched on until the iteration ends (so the shared prompt
     stays cached).
+
+    ``batch``: how many documents are decoded together (default 1: one at a time, as
+    :func:`extract` would). With ``batch > 1`` on llama.cpp, each step evaluates the next
+    tokens of every running document in one batch (a new document's prompt rides in the
+    same batch), in a second context on the same weights with one KV stream per document
+    (about 23 KB per token of extra memory for SmolLM2-135M, 2048 tokens per document;
+    a longer one is extracted alone). Every document keeps its own grammar, and
+    everything after generation (number choice, widening, validation, retries) is as in
+    :func:`extract`. Measured on 8 SROIE receipts at 1 thread (Intel Xeon): 3.52 s/doc at
+    ``batch=4`` against 3.68 one at a time, and 2 of the 8 outputs differ from one-by-one
+    extraction, so it stays opt-in. Backends without several
+    sequences (MNN, Transformers) and a sampling with ``speculate`` extract one at a time.
+    An outcome's ``seconds`` is then the time from the document's start to its result,
+    overlapping the others'.
     """
     p = _prepare(
         schema,
@@ -567,8 +596,12 @@ def extract_many(
     show = sys.stderr.isatty() if progress is None else progress
     total = len(texts) if isinstance(texts, Sequence) else None
     bar = _Progress(total, show)
+    width = 1 if p.sampling.speculate else batch_width(p.model, batch)
     with task_adapter(p.model, p.adapter, "extract"):
         try:
+            if width > 1:
+                yield from _extract_batched(p, texts, width, bar, instructions=instructions, examples=examples)
+                return
             for i, text in enumerate(texts):
                 t0 = time.perf_counter()
                 try:
@@ -584,6 +617,67 @@ def extract_many(
                 yield outcome
         finally:
             bar.close()
+
+
+@dataclass
+class _Doc:
+    index: int
+    text: str
+    grammar: Any
+    started: float
+
+
+def _extract_batched(
+    p: _Prepared,
+    texts: Iterable[Any],
+    width: int,
+    bar: _Progress,
+    *,
+    instructions: str | None,
+    examples: Sequence[tuple[str, Any]] | None,
+) -> Iterator[ExtractOutcome[Any]]:
+    """:func:`extract_many` with up to ``width`` documents decoded together, outcomes in order."""
+    ready: dict[int, ExtractOutcome[Any]] = {}
+
+    def settle(outcome: ExtractOutcome[Any], started: float) -> None:
+        outcome.seconds = time.perf_counter() - started
+        bar.update(outcome.ok)
+        ready[outcome.index] = outcome
+
+    def jobs() -> Iterator[BatchJob]:
+        for i, text in enumerate(texts):
+            t0 = time.perf_counter()
+            try:
+                if isinstance(text, PocketAgentError):
+                    raise text
+                _check_text(text)
+                messages = build_messages(text, p.json_schema, instructions=instructions, examples=examples)
+                ids = _prompt_ids(p, messages, len(text))
+                grammar = _text_grammar(p, text)
+            except PocketAgentError as exc:
+                settle(ExtractOutcome(index=i, error=exc), t0)
+                continue
+            yield BatchJob(prompt=ids, grammar=grammar, data=_Doc(i, text, grammar, t0))
+
+    next_index = 0
+    for result in generate_batched(p.model, jobs(), width=width, sampling=p.sampling, limits=p.limits):
+        doc: _Doc = result.job.data
+        try:
+            if result.error is not None:
+                raise result.error
+            value = _extract_prepared(
+                p, doc.text, instructions=instructions, examples=examples, first=result.tokens, grammar=doc.grammar
+            )
+            outcome: ExtractOutcome[Any] = ExtractOutcome(index=doc.index, value=value)
+        except PocketAgentError as exc:
+            outcome = ExtractOutcome(index=doc.index, error=exc)
+        settle(outcome, doc.started)
+        while next_index in ready:
+            yield ready.pop(next_index)
+            next_index += 1
+    # documents that failed before generation, after the last result
+    for index in sorted(ready):
+        yield ready.pop(index)
 
 
 # -- streaming ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -49,7 +49,7 @@ class TokenEvent:
     forced: bool
 
 
-class _Sampler:
+class Sampler:
     def __init__(self, params: Sampling) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
@@ -77,7 +77,7 @@ class _Sampler:
         return int(finite[self.rng.choice(len(finite), p=probs)])
 
 
-class _RepeatGuard:
+class RepeatGuard:
     """The loop guard: bans the token that would continue a loop at the end of the output.
 
     Under a grammar a ban lasts until the grammar next forces tokens (the next key), so a
@@ -109,7 +109,7 @@ class _RepeatGuard:
         return banned if np.isfinite(banned).any() else logits
 
 
-class _Run:
+class GenerationRun:
     """The state of one generation: what was produced, its text, and its usage."""
 
     def __init__(self, model: Model, matcher: GrammarMatcher | None, limit: int, usage: Usage) -> None:
@@ -219,50 +219,27 @@ def stream_tokens(
     """
     lim = resolve_limits(limits)
     smp = resolve_sampling(sampling)
-    sampler = _Sampler(smp)
+    sampler = Sampler(smp)
     matcher = grammar.matcher() if grammar is not None else None
     drafts = smp.speculate and smp.greedy and model.capabilities.cheap_all_logits
     lookup = PromptLookup(prompt_tokens) if drafts else None
-    run = _Run(model, matcher, lim.max_tokens, usage if usage is not None else Usage())
-    guard = _RepeatGuard(lim.repeat_limit, sticky=matcher is not None)
+    run = GenerationRun(model, matcher, lim.max_tokens, usage if usage is not None else Usage())
+    guard = RepeatGuard(lim.repeat_limit, sticky=matcher is not None)
     eos = set(model.vocab.eos_ids)
     stop_list = [s for s in (stop or []) if s]
     with model.lock:
         run.usage.requests += 1
         logits = run.prefill(list(prompt_tokens))
         while True:
-            if matcher is not None:
-                if matcher.is_stopped():
-                    return "grammar"
-                forced = matcher.forced_tokens()
-                if forced:
-                    guard.clear()
-                    if len(run.produced) + len(forced) > run.limit:
-                        raise run.over_budget()
-                    yield run.accept(forced, forced=True)
-                    if matcher.is_stopped():
-                        return "grammar"
-                    logits = run.evaluate(forced)
-                    continue
-                logits = run.masked(logits)
-            logits = guard.apply(logits, run.produced)
-            if len(run.produced) >= run.limit:
-                if matcher is not None:
-                    raise run.over_budget()
-                return "length"
-            tok = sampler(logits)
-            if tok in eos:
-                if matcher is None:
-                    return "eos"
-                if not matcher.is_accepting():
-                    raise GenerationError("The model ended the output before the grammar was complete.")
-                return "grammar"
-            event = run.accept([tok], forced=False)
-            yield event
-            if run.hit_stop(stop_list, event.text):
-                return "stop"
-            if matcher is not None and matcher.is_stopped():
-                return "grammar"
+            step = advance(run, guard, sampler, eos, stop_list, logits)
+            if step.event is not None:
+                yield step.event
+            if step.finish is not None:
+                return step.finish
+            if step.event is None or step.event.forced:
+                logits = run.evaluate(step.feed)
+                continue
+            tok = step.feed[0]
             if smp.speculate and matcher is not None:
                 forced = matcher.forced_tokens()
                 if forced and len(run.produced) + len(forced) <= run.limit:
@@ -289,7 +266,63 @@ def stream_tokens(
             logits = rows[kept]
 
 
-def _draft(run: _Run, lookup: PromptLookup) -> list[int]:
+@dataclass
+class Step:
+    """One step of a generation: what was produced, what to evaluate next, whether it ended."""
+
+    event: TokenEvent | None = None
+    feed: list[int] = field(default_factory=list)
+    """The tokens just produced, which the model evaluates next unless the generation ended."""
+    finish: FinishReason | None = None
+
+
+def advance(
+    run: GenerationRun,
+    guard: RepeatGuard,
+    sampler: Sampler,
+    eos: set[int],
+    stop: Sequence[str],
+    logits: NDArray[np.float32],
+) -> Step:
+    """Produce the next output from ``logits`` (the logits after everything so far): the
+    tokens the grammar forces, else one sampled token; or the finish reason.
+
+    Raises :class:`OutputBudgetExceeded` when the budget runs out before the grammar is
+    complete, :class:`GenerationError` when the model ends an incomplete output.
+    """
+    matcher = run.matcher
+    if matcher is not None:
+        if matcher.is_stopped():
+            return Step(finish="grammar")
+        forced = matcher.forced_tokens()
+        if forced:
+            guard.clear()
+            if len(run.produced) + len(forced) > run.limit:
+                raise run.over_budget()
+            event = run.accept(forced, forced=True)
+            return Step(event, forced, "grammar" if matcher.is_stopped() else None)
+        logits = run.masked(logits)
+    logits = guard.apply(logits, run.produced)
+    if len(run.produced) >= run.limit:
+        if matcher is not None:
+            raise run.over_budget()
+        return Step(finish="length")
+    tok = sampler(logits)
+    if tok in eos:
+        if matcher is None:
+            return Step(finish="eos")
+        if not matcher.is_accepting():
+            raise GenerationError("The model ended the output before the grammar was complete.")
+        return Step(finish="grammar")
+    event = run.accept([tok], forced=False)
+    if run.hit_stop(stop, event.text):
+        return Step(event, [tok], "stop")
+    if matcher is not None and matcher.is_stopped():
+        return Step(event, [tok], "grammar")
+    return Step(event, [tok])
+
+
+def _draft(run: GenerationRun, lookup: PromptLookup) -> list[int]:
     """Draft tokens to evaluate together with the token just sampled: the context's
     continuation of the output's last sampled tokens, cut to what the grammar accepts;
     never an end-of-sequence token, never past ``max_tokens``."""
@@ -310,9 +343,9 @@ def _draft(run: _Run, lookup: PromptLookup) -> list[int]:
 
 
 def _verify(
-    run: _Run,
-    guard: _RepeatGuard,
-    sampler: _Sampler,
+    run: GenerationRun,
+    guard: RepeatGuard,
+    sampler: Sampler,
     draft: list[int],
     rows: NDArray[np.float32],
     stop: Sequence[str],

@@ -24,16 +24,17 @@ LAYERS: dict[str, int] = {
     "speculation": 3,  # draft tokens for the generation loop: pure token bookkeeping
     "generate": 4,
     "grounding": 4,  # grounded grammars and confidence for extraction
-    "extraction": 5,
-    "tools": 5,
-    "decision": 5,
-    "convert": 5,
-    "server": 6,
-    "distributed": 6,
-    "training": 6,  # adapters trained with torch on top of decision and extraction
-    "cli": 7,  # the command line also starts the other faces (pocket-agent serve, extract --ray)
-    "__main__": 8,
-    "__init__": 9,
+    "batched": 5,  # the generation step run for many prompts at once (lanes)
+    "extraction": 6,
+    "tools": 6,
+    "decision": 6,
+    "convert": 6,
+    "server": 7,
+    "distributed": 7,
+    "training": 7,  # adapters trained with torch on top of decision and extraction
+    "cli": 8,  # the command line also starts the other faces (pocket-agent serve, extract --ray)
+    "__main__": 9,
+    "__init__": 10,
 }
 
 

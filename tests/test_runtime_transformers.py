@@ -419,14 +419,17 @@ def test_extract_and_decide_on_transformers(smol_tf: Model, smollm_q4_1: Model) 
     assert isinstance(person, Person)
     Person.model_validate(person.model_dump())
     # the Dec adapter shipped for SmolLM2 is found by model identity and reads inner-layer
-    # states; measured: the same choices as llama.cpp, probabilities within 0.03
+    # states; measured: probabilities within 0.03 (AMD) and 0.042 (Intel) of llama.cpp's
     question, options = "Is this review positive?", ["no", "yes"]
     for context in ("I loved it, great film!", "Boring and far too long."):
         d = decide(question, options, context=context, model=smol_tf)
         ref = decide(question, options, context=context, model=smollm_q4_1)
         assert d.method == ref.method == "pointer"
-        assert d.choice == ref.choice
         assert max(abs(a - b) for a, b in zip(d.scores, ref.scores, strict=True)) < 0.1
+        # the choice must agree where it is clear; a near-tie may fall either way between
+        # kernels (the second review on an Intel Xeon: transformers 'no' at 0.53, llama.cpp 'yes' at 0.51)
+        if abs(ref.scores[0] - ref.scores[1]) > 0.2:
+            assert d.choice == ref.choice
     d = decide("Which is a fruit?", ["car", "apple", "chair"], model=smol_tf, method="cloze")
     assert d.choice in ("car", "apple", "chair") and d.method == "cloze"
     assert abs(sum(d.scores) - 1.0) < 1e-6

@@ -659,6 +659,39 @@ class Model(abc.ABC):
             self.rollback(base)
         return outs
 
+    # Lanes (see :mod:`.lanes`): sequences decoded together, one batch per step. A backend
+    # with lanes keeps them apart from sequence 0, beside a prefix they share.
+
+    def _lane_open(self, width: int) -> tuple[int, list[int]]:
+        """Get ``width`` lanes ready (ids 1..width); returns the tokens each can hold and the
+        shared prefix held from an earlier opening."""
+        raise ModelStateError(f"The {self.backend} backend cannot decode several sequences together.")
+
+    def _lane_share(self, tokens: list[int]) -> list[int]:
+        """Make the shared prefix ``tokens`` (evaluating what is missing); returns what it holds."""
+        raise ModelStateError(f"The {self.backend} backend has no lanes.")
+
+    def _lane_start(self, lane: int, keep: int) -> None:
+        """Make ``lane`` hold the first ``keep`` tokens of the shared prefix."""
+        raise ModelStateError(f"The {self.backend} backend has no lanes.")
+
+    def _lane_decode(self, items: list[tuple[int, int, int, bool]]) -> list[NDArray[np.float32]]:
+        """Evaluate ``(token, position, lane, want_logits)`` items in one batch; the logits
+        rows of the wanted items, in order."""
+        raise ModelStateError(f"The {self.backend} backend has no lanes.")
+
+    def _lane_drop(self, lane: int) -> None:
+        """Forget everything ``lane`` holds."""
+        raise ModelStateError(f"The {self.backend} backend has no lanes.")
+
+    def _lane_adopt(self, lane: int) -> None:
+        """Make sequence 0's cache hold exactly what ``lane`` holds."""
+        raise ModelStateError(f"The {self.backend} backend has no lanes.")
+
+    def _lane_close(self) -> None:
+        """The lanes are closed (their memory may be kept for the next opening)."""
+        return None
+
     def _layer_states(
         self, requests: list[StatesRequest], layer: int, loras: list[tuple[LoraAdapter, float]]
     ) -> list[LayerStates]:

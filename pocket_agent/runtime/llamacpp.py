@@ -23,9 +23,11 @@ from ..errors import (
     BackendUnavailableError,
     ModelLoadError,
     ModelNotFoundError,
+    ModelStateError,
 )
 from ._cpu import cpu_flags, decide_extra_buffers, default_threads, extra_buffers_setting, note_decision
 from ._llamacpp_context import context_params
+from ._llamacpp_lanes import LANE_CTX, LaneContext
 from ._llamacpp_states import StateReader
 from .base import (
     Capabilities,
@@ -125,6 +127,7 @@ class LlamaCppModel(Model):
         self._ctx: Any = None
         self._batch: Any = None
         self._states: StateReader | None = None
+        self._lanes: LaneContext | None = None
 
         buffers = decide_extra_buffers(system_info(), cpu_flags(), extra_buffers_setting(extra_buffers))
         note_decision(buffers)
@@ -157,6 +160,7 @@ class LlamaCppModel(Model):
             self._close()
             raise ModelLoadError(f"llama.cpp could not create a context for {p}: {_recent_errors()}")
         self._ctx = ctx
+        self._flash_attn = flash_attn
         self._mem = lc.llama_get_memory(ctx)
         self._embeddings_on = False
         self._threads = threads
@@ -372,6 +376,62 @@ class LlamaCppModel(Model):
     def _reset(self) -> None:
         self._lc.llama_memory_clear(self._mem, True)
 
+    # -- lanes (see _llamacpp_lanes) ---------------------------------------------------------
+
+    def _lane_open(self, width: int) -> tuple[int, list[int]]:
+        if width > self._n_seq - 1:
+            raise ModelStateError(
+                f"{width} lanes were asked for; this model was loaded with n_seq={self._n_seq}, which allows "
+                f"{self._n_seq - 1}."
+            )
+        if self._lanes is not None and self._lanes.width < width:
+            self._lanes.close()
+            self._lanes = None
+        if self._lanes is None:
+            self._lanes = LaneContext(
+                self._lc,
+                self._model,
+                width=width,
+                n_ctx=min(LANE_CTX, self.n_ctx),
+                n_batch=self._n_batch,
+                threads=self._threads,
+                flash_attn=self._flash_attn,
+                n_vocab=self._n_vocab_logits,
+            )
+        self._lanes.set_loras([(a.handle, a.scale) for a in self._loras if a.scale != 0.0])
+        return self._lanes.capacity, list(self._lanes.prefix)
+
+    def _lane_context(self) -> LaneContext:
+        if self._lanes is None:
+            raise ModelStateError("No lanes are open.")
+        return self._lanes
+
+    def _lane_share(self, tokens: list[int]) -> list[int]:
+        lanes = self._lane_context()
+        lanes.share(tokens)
+        return list(lanes.prefix)
+
+    def _lane_start(self, lane: int, keep: int) -> None:
+        self._lane_context().start(lane, keep)
+
+    def _lane_decode(self, items: list[tuple[int, int, int, bool]]) -> list[np.ndarray]:
+        rows = self._lane_context().decode(items)
+        self.stats.tokens_evaluated += len(items)
+        self.stats.eval_calls += 1
+        return rows
+
+    def _lane_drop(self, lane: int) -> None:
+        self._lane_context().drop(lane)
+
+    def _lane_adopt(self, lane: int) -> None:
+        data = self._lane_context().export(lane)
+        lc = self._lc
+        lc.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(lc.llama_state_seq_set_data(self._ctx, buf, len(data), 0)) <= 0:
+            lc.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            raise BackendError(f"llama.cpp could not take a finished lane's keys and values: {_recent_errors()}")
+
     def _layer_states(
         self, requests: list[StatesRequest], layer: int, loras: list[tuple[LoraAdapter, float]]
     ) -> list[LayerStates]:
@@ -391,6 +451,8 @@ class LlamaCppModel(Model):
     def _forget_open_lora(self, adapter: LoraAdapter) -> None:
         if self._states is not None:
             self._states.drop_lora(adapter)
+        if self._lanes is not None:
+            self._lanes.set_loras([])  # re-applied when lanes next open
 
     def _load_lora(self, path: Path) -> object:
         _recent_log.clear()
@@ -418,6 +480,9 @@ class LlamaCppModel(Model):
 
     def _close(self) -> None:
         lc = self._lc
+        if self._lanes is not None:
+            self._lanes.close()
+            self._lanes = None
         if self._states is not None:
             self._states.close()
             self._states = None
