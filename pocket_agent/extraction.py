@@ -570,18 +570,17 @@ def extract_many(
     stays cached).
 
     ``batch``: how many documents are decoded together (default 1: one at a time, as
-    :func:`extract` would). With ``batch > 1`` on llama.cpp, each step evaluates the next
-    tokens of every running document in one batch (a new document's prompt rides in the
-    same batch), in a second context on the same weights with one KV stream per document
-    (about 23 KB per token of extra memory for SmolLM2-135M, 2048 tokens per document;
-    a longer one is extracted alone). Every document keeps its own grammar, and
-    everything after generation (number choice, widening, validation, retries) is as in
-    :func:`extract`. Measured on 8 SROIE receipts at 1 thread (Intel Xeon): 3.52 s/doc at
-    ``batch=4`` against 3.68 one at a time, and 2 of the 8 outputs differ from one-by-one
-    extraction, so it stays opt-in. Backends without several
+    :func:`extract` would). With ``batch > 1`` on llama.cpp the documents' sampled tokens
+    are evaluated in one batch per step, in a second context on the same weights with one
+    KV stream per document (about 23 KB per token of extra memory for SmolLM2-135M, 2048
+    tokens per document; a longer one is extracted alone); prompts and forced runs are
+    evaluated one document at a time, so every output equals one-by-one extraction.
+    Everything after generation (number choice, widening, validation, retries) is as in
+    :func:`extract`. Measured on 8 SROIE receipts at 1 thread (Intel Xeon): 3.97 s/doc at
+    ``batch=4`` against 3.96 one at a time, so it stays opt-in. Backends without several
     sequences (MNN, Transformers) and a sampling with ``speculate`` extract one at a time.
-    An outcome's ``seconds`` is then the time from the document's start to its result,
-    overlapping the others'.
+    With ``batch > 1`` an outcome's ``seconds`` is the time from the document's start to
+    its result, overlapping the others'.
     """
     p = _prepare(
         schema,

@@ -43,6 +43,36 @@ def test_lane_logits_equal_one_sequence(fresh_smollm: Model) -> None:
         assert float(np.abs(got - ref).max()) < 0.05
 
 
+def test_lanes_fed_unequal_runs_equal_one_sequence_decoding(fresh_smollm: Model) -> None:
+    """Lanes fed prompts, single tokens and forced runs side by side get, at every step, the
+    logits that evaluating each sequence alone with the same feeds gives (llama.cpp computes
+    one new token's attention differently from several)."""
+    model = fresh_smollm
+    texts = [
+        "The invoice number is INV-2041 and the total due is 44.30 EUR. " * 3,
+        "Receipt from the shop on the corner, paid in cash. " * 5,
+        "Booking confirmed for two nights at the Harbour Hotel. " * 4,
+    ]
+    prompts = [model.tokenize(t) for t in texts]
+    words = model.tokenize(" Thank you for your visit, see you again soon at our shop")
+    feeds = [
+        [words[0:1], words[0:3], words[0:1]],
+        [words[3:5], words[3:4], words[1:2]],
+        [words[5:6], words[4:5], words[2:6]],
+    ]
+    refs: list[list[np.ndarray]] = []
+    for i, prompt in enumerate(prompts):
+        model.prefill(prompt)
+        refs.append([model.eval(step[i]).logits[-1] for step in feeds])
+    with model.lock, Lanes(model, 3) as lanes:
+        started = [lanes.start(p) for p in prompts]
+        lanes.step({lane: p[k:] for (lane, k), p in zip(started, prompts, strict=True)})
+        for s, step in enumerate(feeds):
+            rows = lanes.step({lane: step[i] for i, (lane, _) in enumerate(started)})
+            for i, (lane, _) in enumerate(started):
+                np.testing.assert_allclose(rows[lane], refs[i][s], atol=1e-4, err_msg=f"lane {i}, step {s}")
+
+
 def test_adopted_lane_continues_like_the_main_cache(fresh_smollm: Model) -> None:
     model = fresh_smollm
     toks = model.tokenize("Hello there, this is a test of moving a finished lane. " * 2)
