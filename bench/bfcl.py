@@ -192,7 +192,10 @@ def run_ours(
 
 
 def make_peer(model_path: Path, threads: int, max_tokens: int) -> Any:
+    from _env import guard_peer_llama
     from llama_cpp import Llama
+
+    guard_peer_llama()
 
     class CappedLlama(Llama):  # type: ignore[misc]
         """Every completion the chat handler starts is capped at ``max_tokens``."""
@@ -283,7 +286,10 @@ def machine() -> str:
         load = ", load avg at start " + " ".join(f"{x:.1f}" for x in os.getloadavg())
     except OSError:
         pass
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{load}"
+    from _env import guard_peer_llama
+
+    buffers = guard_peer_llama()
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{load}; llama.cpp {buffers}"
 
 
 def _adapter_note(model: Any, adapter: Any) -> str:

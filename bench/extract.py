@@ -176,6 +176,26 @@ def _run_ours(docs: list[dict[str, Any]], model: Any, label: str, choose: bool) 
     return res
 
 
+def run_many(docs: list[dict[str, Any]], model: Any, batch: int) -> Result:
+    """The public ``extract_many`` over all documents (shipped adapter, everything extract() does); s/doc is
+    the run's wall time divided by the documents (with ``batch > 1`` documents overlap)."""
+    from pocket_agent import Limits, extract_many
+
+    res = Result(f"ours, extract_many(batch={batch})")
+    model.reset()
+    t0 = time.perf_counter()
+    outcomes = list(
+        extract_many([d["text"] for d in docs], Receipt, model=model, limits=Limits(max_tokens=MAX_TOKENS), batch=batch)
+    )
+    per_doc = (time.perf_counter() - t0) / len(docs)
+    for outcome, doc in zip(outcomes, docs, strict=True):
+        pred = outcome.value.model_dump() if outcome.ok else None
+        if not outcome.ok:
+            res.errors.append(type(outcome.error).__name__)
+        res.add(per_doc, 0, pred, doc["expected"])
+    return res
+
+
 def run_unconstrained(docs: list[dict[str, Any]], model: Any) -> Result:
     from pocket_agent import Limits
     from pocket_agent.extraction import build_messages
@@ -197,7 +217,10 @@ def run_unconstrained(docs: list[dict[str, Any]], model: Any) -> Result:
 
 def _llama(threads: int, path: Path | None = None) -> Any:
     """llama-cpp-python on ``path`` (default: the GGUF file as shipped, what its users load)."""
+    from _env import guard_peer_llama
     from llama_cpp import Llama
+
+    guard_peer_llama()
 
     from pocket_agent.runtime import default_model_path
 
@@ -274,6 +297,8 @@ def main() -> int:
         nargs="+",
         default=[
             "ours",
+            "ours-many",
+            "ours-many-batch4",
             "ours-q4_1",
             "ours-base",
             "ours-greedy-numbers",
@@ -299,6 +324,8 @@ def main() -> int:
 
     runners: dict[str, Callable[[], Result]] = {
         "ours": lambda: run_ours(docs, model),
+        "ours-many": lambda: run_many(docs, model, 1),
+        "ours-many-batch4": lambda: run_many(docs, model, 4),
         "ours-base": lambda: run_ours(docs, model, "ours with the base weights (adapter=None)", adapter=None),
         "ours-greedy-numbers": lambda: run_ours(
             docs, model, "ours without the number choice (numbers decoded greedily)", choose=False
@@ -319,7 +346,10 @@ def main() -> int:
     results = {}
     for name in args.only:
         print(f"running {name} on {len(docs)} documents...", file=sys.stderr)
-        results[name] = runners[name]()
+        try:
+            results[name] = runners[name]()
+        except Exception as exc:  # one contender that cannot run (a missing extra) leaves the others' rows
+            print(f"  {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     ours = results.get("ours")
     lines = [
@@ -328,7 +358,7 @@ def main() -> int:
     ]
     for r in results.values():
         lines.append(
-            f"| {r.name} | {statistics.mean(r.seconds):.2f} | {r.tps():.1f} | "
+            f"| {r.name} | {statistics.mean(r.seconds):.2f} | {f'{r.tps():.1f}' if sum(r.tokens) else '-'} | "
             f"{sum(r.valid)}/{len(r.valid)} | " + " | ".join(f"{r.field_acc(f):.2f}" for f in FIELDS) + " |"
         )
     notes = []
@@ -356,7 +386,7 @@ def main() -> int:
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        for mine in ("ours", "ours-mnn"):
+        for mine in ("ours", "ours-many", "ours-many-batch4", "ours-mnn"):
             for key in ("llama-cpp", "llama-cpp-q8_0", "outlines"):
                 if key in results and mine in results:
                     sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)

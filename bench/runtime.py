@@ -51,7 +51,10 @@ def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, An
     import numpy as np
 
     if kind.startswith("llama_cpp.Llama"):
+        from _env import guard_peer_llama
         from llama_cpp import Llama
+
+        guard_peer_llama()
 
         from pocket_agent.runtime import default_model_path
         from pocket_agent.runtime.layout import q8_0_copy
@@ -130,7 +133,9 @@ def machine() -> str:
         pass
     import os
 
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+    from _env import guard_peer_llama
+
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}; llama.cpp {guard_peer_llama()}"
 
 
 def main() -> int:

@@ -63,6 +63,8 @@ __all__ = [
     "Grounding",
     "check_grounding",
     "choose_numbers",
+    "choose_spans",
+    "comma_names",
     "document_grammar",
     "field_confidence",
     "json_members",
@@ -356,3 +358,78 @@ def widen_words(raw: str, schema: Mapping[str, Any], text: str) -> tuple[str, li
         raw = raw[:start] + json.dumps(wider, ensure_ascii=False) + raw[end:]
         changed.append(key)
     return raw, changed[::-1]
+
+
+def _name_word(word: str) -> bool:
+    """A capitalised word of a name: ``Latvia``, ``CA``, ``Divinópolis``, ``O'Hare``."""
+    return bool(word) and word[0].isupper() and all(c.isalnum() or c in "'-&" for c in word)
+
+
+MAX_NAME_WORDS = 3
+
+
+def comma_names(value: str, text: str) -> list[str]:
+    """Longer spans of ``text`` that extend ``value`` over a name joined to it by a comma,
+    at its first appearance: ``Riga`` in ``I'm at Riga, Latvia, ...`` gives ``Riga, Latvia``;
+    ``MG`` in ``Divinópolis, MG?`` gives ``Divinópolis, MG``. A name is one to three
+    capitalised words. Empty when ``value`` is not in ``text``."""
+    t = normalize_space(text)
+    i = t.find(value) if value else -1
+    if i < 0:
+        return []
+    out: list[str] = []
+    j = i + len(value)
+    if t.startswith(",", j):
+        k = j + 1 + (t[j + 1 : j + 2] == " ")
+        words: list[str] = []
+        for word in t[k:].split(" ")[:MAX_NAME_WORDS]:
+            bare = word.rstrip(".,;:!?)")
+            if not _name_word(bare):
+                break
+            words.append(bare)
+            if bare != word:
+                break
+        if words:
+            out.append(t[i:k] + " ".join(words))
+    before = t[:i]
+    if before.endswith((", ", ",")):
+        head = before.rstrip(" ")[:-1]
+        words = []
+        for word in reversed(head.split(" ")[-MAX_NAME_WORDS:]):
+            bare = word.lstrip("(")
+            if not _name_word(bare):
+                break
+            words.insert(0, bare)
+            if bare != word:
+                break
+        if words:
+            start = len(head) - len(" ".join(words))
+            out.append(t[start:j])
+    return out
+
+
+def choose_spans(model: Model, prompt: Sequence[int], written: str, options: Sequence[str]) -> tuple[str, float]:
+    """Of ``written`` (a string value the model wrote after ``prompt``) and the longer
+    ``options``, the one the model scores highest as the whole value (mean log-probability
+    of its tokens and the closing quote), and that mean probability.
+
+    A small model writing a grounded span tends to close the string at the first comma:
+    SmolLM2-135M writes ``Riga`` for a request that says ``Riga, Latvia``, although it
+    finds ``, Latvia`` likely once the comma is there. Scoring the whole values, as
+    :func:`choose_numbers` does for numbers, lets it pick the span it prefers as a whole.
+    """
+    candidates = [written, *[o for o in options if o != written]]
+    if len(candidates) == 1 or not prompt or not model.capabilities.probabilities:
+        return written, math.nan
+    branches = [model.tokenize(json.dumps(c, ensure_ascii=False)[1:]) for c in candidates]
+    if len(prompt) + max(len(b) for b in branches) > model.n_ctx:
+        return written, math.nan
+    model.prefill(list(prompt))
+    rows = branch_logits(model, list(prompt), [b[:-1] or b for b in branches])
+    best, best_score = 0, -math.inf
+    for i, (branch, logits) in enumerate(zip(branches, rows, strict=True)):
+        lps = [_log_softmax_at(logits[j], tok) for j, tok in enumerate(branch)]
+        score = sum(lps) / len(lps)
+        if score > best_score:
+            best, best_score = i, score
+    return candidates[best], math.exp(best_score)

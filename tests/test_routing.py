@@ -125,3 +125,39 @@ def test_after_tool_results_the_agent_answers_from_them(smollm: Model) -> None:
     assert last.is_final and len(result.steps) <= 3
     assert last.routing is not None and last.routing.logits == pytest.approx(last.routing.raw)
     assert "<tool_" not in last.text and "</tool_" not in last.text
+
+
+@pytest.mark.parametrize(
+    ("value", "text", "expected"),
+    [
+        ("Riga", "Im at Riga, Latvia, Can you tell me the current temperature?", ["Riga, Latvia"]),
+        ("MG", "Qual a temperatura atual em Divinópolis, MG? fahrenheit", ["Divinópolis, MG"]),
+        ("London", "I'm at London, UK in fahr", ["London, UK"]),  # lower-case words end a name
+        ("Bangkok", "in Bangkok, Thailand. I prefer", ["Bangkok, Thailand"]),  # so does punctuation
+        ("Boston", "weather today in Boston in fahrenheit?", []),
+        ("apples", "I like apples, pears and plums", []),  # not a name
+        ("Rome", "Flights from Paris, Rome", ["Paris, Rome"]),
+        ("Oslo", "no such city here", []),
+    ],
+)
+def test_comma_names_are_the_spans_a_value_may_grow_to(value: str, text: str, expected: list[str]) -> None:
+    from pocket_agent.grounding import comma_names
+
+    assert comma_names(value, text) == expected
+
+
+def test_a_city_cut_at_its_comma_is_chosen_among_spans_by_the_model(smollm: Model) -> None:
+    from pocket_agent.grounding import choose_spans
+
+    agent = Agent([_unit_enum_tool()], model=smollm, max_tokens=96, tool_choice="required")
+    task = "Im at Riga, Latvia, Can you tell me the current temperature?"
+    step = agent.step(task)
+    assert step.tool_calls
+    for call in step.tool_calls:
+        assert call.arguments["city"] in normalize_space(task)  # still a span of the request
+    # the choice is the better-scored whole value: scoring the two again agrees with it
+    ids = agent.prompt_ids([{"role": "user", "content": task}])
+    prefix = [*ids, *smollm.tokenize('<tool_call>\n{"name": "get_weather", "arguments": {"city": "')]
+    chosen, probability = choose_spans(smollm, prefix, "Riga", ["Riga, Latvia"])
+    assert chosen in {"Riga", "Riga, Latvia"} and 0.0 < probability <= 1.0
+    assert choose_spans(smollm, prefix, "Riga", []) == ("Riga", pytest.approx(math.nan, nan_ok=True))

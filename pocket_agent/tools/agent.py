@@ -498,6 +498,9 @@ class Agent:
         text = model.decode(tokens)
         if cut is not None:
             text = watcher.text[:cut]
+        user_text = last_user_text(messages) if self.grounded and self.tools else None
+        if user_text and CALL_OPEN in text and model.capabilities.probabilities:
+            text = self._choose_argument_spans(ids, tokens, text, user_text)
         parsed = self._parse(text, index)
         final: Any = None
         if parsed.is_final:
@@ -513,6 +516,51 @@ class Agent:
             routing=routed,
         )
         yield AgentEvent("step", index, step=step)
+
+    def _choose_argument_spans(self, ids: list[int], tokens: list[int], text: str, user_text: str) -> str:
+        """``text`` (a turn of calls) with each grounded string argument that stops at a comma
+        before a name of the request, or starts after one, set to the span the model scores
+        highest as a whole value (:func:`~pocket_agent.grounding.choose_spans`): the model
+        writes ``Riga`` for ``Riga, Latvia``. The chosen value is always a span of the request."""
+        from ..grammars.grounding import is_grounded
+        from ..grounding import choose_spans, comma_names, json_members
+
+        edits: list[tuple[int, int, str, list[str]]] = []  # value span in text, value, longer options
+        pos = 0
+        while (open_at := text.find(CALL_OPEN, pos)) >= 0 and (close_at := text.find(CALL_CLOSE, open_at)) >= 0:
+            body = open_at + len(CALL_OPEN)
+            members = {key: (value, a, b) for key, value, a, b in json_members(text[body:close_at])}
+            name, args = members.get("name"), members.get("arguments")
+            tool = self.tools.get(name[0]) if name is not None and isinstance(name[0], str) else None
+            if tool is not None and args is not None and isinstance(args[0], dict):
+                props = tool.parameters.get("properties") or {}
+                base = body + args[1]
+                for key, value, a, b in json_members(text[base : body + args[2]]):
+                    node = props.get(key)
+                    if not isinstance(value, str) or not isinstance(node, Mapping) or not is_grounded(node):
+                        continue
+                    limit = node.get("maxLength")
+                    options = comma_names(value, user_text)
+                    options = [o for o in options if not isinstance(limit, int) or len(o) <= limit]
+                    if options:
+                        edits.append((base + a, base + b, value, options))
+            pos = close_at + len(CALL_CLOSE)
+        for start, end, value, options in reversed(edits):  # right to left: earlier spans stay valid
+            chosen, _ = choose_spans(self.model, self._prefix_ids(ids, tokens, text[: start + 1]), value, options)
+            if chosen != value:
+                text = text[:start] + json.dumps(chosen, ensure_ascii=False) + text[end:]
+        return text
+
+    def _prefix_ids(self, ids: list[int], tokens: list[int], prefix: str) -> list[int]:
+        """The prompt ``ids`` and the output tokens that spell ``prefix`` (the rest of it tokenized)."""
+        k, done = 0, ""
+        while k < len(tokens):
+            longer = self.model.decode(tokens[: k + 1])
+            if not prefix.startswith(longer):
+                break
+            k, done = k + 1, longer
+        rest = prefix[len(done) :]
+        return [*ids, *tokens[:k], *(self.model.tokenize(rest) if rest else [])]
 
     def _parse(self, text: str, index: int) -> ParsedTurn:
         try:
