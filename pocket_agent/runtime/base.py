@@ -662,6 +662,10 @@ class Model(abc.ABC):
     # Lanes (see :mod:`.lanes`): sequences decoded together, one batch per step. A backend
     # with lanes keeps them apart from sequence 0, beside a prefix they share.
 
+    def _lane_max(self) -> int:
+        """How many lanes the backend can open at once (0: none)."""
+        return 0
+
     def _lane_open(self, width: int) -> tuple[int, list[int]]:
         """Get ``width`` lanes ready (ids 1..width); returns the tokens each can hold and the
         shared prefix held from an earlier opening."""

@@ -25,9 +25,7 @@ from .base import Model, common_prefix_length
 
 def lane_count(model: Model) -> int:
     """How many lanes ``model`` can open at once (0: none)."""
-    if not model.capabilities.multi_sequence or model.backend != "llamacpp":
-        return 0
-    return max(0, int(getattr(model, "_n_seq", 1)) - 1)
+    return model._lane_max() if model.capabilities.multi_sequence else 0
 
 
 class Lanes:

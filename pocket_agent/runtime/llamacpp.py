@@ -378,6 +378,9 @@ class LlamaCppModel(Model):
 
     # -- lanes (see _llamacpp_lanes) ---------------------------------------------------------
 
+    def _lane_max(self) -> int:
+        return self._n_seq - 1
+
     def _lane_open(self, width: int) -> tuple[int, list[int]]:
         if width > self._n_seq - 1:
             raise ModelStateError(
