@@ -44,10 +44,18 @@ def integer_schema(draw: st.DrawFn) -> dict[str, Any]:
     s: dict[str, Any] = {"type": "integer"}
     lo = draw(st.integers(-1000, 1000))
     hi = lo + draw(st.integers(0, 2000))
+    # An exclusive bound sits one past its inclusive twin, so every schema admits [lo, hi]:
+    # "minimum": 0 with "exclusiveMaximum": 0 admits nothing and is a schema error, not a grammar bug.
     if draw(st.booleans()):
-        s["exclusiveMinimum" if draw(st.booleans()) else "minimum"] = lo
+        if draw(st.booleans()):
+            s["exclusiveMinimum"] = lo - 1
+        else:
+            s["minimum"] = lo
     if draw(st.booleans()):
-        s["exclusiveMaximum" if draw(st.booleans()) else "maximum"] = hi + 1 if "exclusiveMinimum" in s else hi
+        if draw(st.booleans()):
+            s["exclusiveMaximum"] = hi + 1
+        else:
+            s["maximum"] = hi
     return s
 
 
