@@ -231,7 +231,14 @@ def _number_fields(schema: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, An
 
 
 def choose_numbers(
-    model: Model, prompt: Sequence[int], raw: str, schema: Mapping[str, Any], text: str
+    model: Model,
+    prompt: Sequence[int],
+    raw: str,
+    schema: Mapping[str, Any],
+    text: str,
+    *,
+    units: bool = False,
+    completions: bool = False,
 ) -> tuple[str, dict[str, float]]:
     """``raw`` with each top-level number field the model invented (a number the document
     does not print) set to the printed number it scores highest as the whole value, and
@@ -246,7 +253,12 @@ def choose_numbers(
     it; a field with no printed number in its bounds keeps its value. Long
     digit runs (identifiers, see :func:`~pocket_agent.grammars.grounding.number_options`)
     are not candidates. Fields with ``"x-grounded": false`` are left as generated, and so
-    is everything on a model without real probabilities (``ScriptedModel``).
+    is everything on a model without real probabilities (``ScriptedModel``). With
+    ``units``, numbers printed with a unit glued on (``5m``) are candidates too
+    (:func:`~pocket_agent.grammars.grounding.number_options`). With ``completions``, only
+    printed numbers the written one is a cut-off or sign-less copy of are candidates
+    (``200`` -> ``200000``, ``2`` -> ``-2``; see :func:`completes`): a tool argument may
+    rightly hold a number the request never prints (a constant the model knows).
     """
     fields = _number_fields(schema)
     if not fields or not prompt or not model.capabilities.probabilities:
@@ -256,7 +268,8 @@ def choose_numbers(
         span = _value_spans(raw).get(key)
         if span is None:
             continue
-        options = [o for o in number_options(text, integer=integer, quantities=True) if in_bounds(float(o), node)]
+        printed = number_options(text, integer=integer, quantities=True, units=units)
+        options = [o for o in printed if in_bounds(float(o), node)]
         if not options:
             continue
         start, end = span
@@ -266,6 +279,10 @@ def choose_numbers(
             written = math.nan
         if any(float(o) == written for o in options):
             continue  # the model wrote a number the document prints: kept
+        if completions:
+            options = [o for o in options if completes(raw[start:end], o)]
+            if not options:
+                continue
         after = raw[end : end + 1] or "}"
         prefix = [*prompt, *model.tokenize(raw[:start])]
         first = model.prefill(prefix, logits="last").logits[-1]
@@ -285,6 +302,15 @@ def choose_numbers(
             raw = raw[:start] + options[best] + raw[end:]
             chosen[key] = float(sum(best_probs) / len(best_probs))
     return raw, chosen
+
+
+def completes(written: str, printed: str) -> bool:
+    """Whether the number text ``written`` is ``printed`` cut short or without its sign:
+    the digits of ``written`` (sign and a ``.0`` ending dropped) begin those of ``printed``."""
+    w = written.strip().lstrip("-")
+    if w.endswith(".0"):
+        w = w[:-2]
+    return bool(w) and printed.lstrip("-").startswith(w)
 
 
 # Characters a word is made of, for widening: letters and digits of scripts that separate

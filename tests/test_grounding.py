@@ -322,7 +322,8 @@ UNIT = {
     [
         ("Weather in Boston in Fahrenheit please", {"fahrenheit"}),
         ("celsius or kelvin, not decided", {"celsius", "kelvin"}),
-        ("no unit named here, fahr is not a word of the enum", {"celsius", "fahrenheit", "kelvin"}),
+        ("London, UK in fahr", {"fahrenheit"}),  # a word of 4+ letters that begins the value
+        ("no unit named here, fah is too short to name one", {"celsius", "fahrenheit", "kelvin"}),
         ("celsius, fahrenheit and kelvin", {"celsius", "fahrenheit", "kelvin"}),
     ],
 )
@@ -345,3 +346,73 @@ def test_a_printed_number_the_model_wrote_is_kept(smollm: Model) -> None:
 
     raw = '{"shop": "KEDAI MAJU", "total": 4.40}'
     assert choose_numbers(smollm, [1, 2, 3], raw, Bill.model_json_schema(), BILL) == (raw, {})
+
+
+@pytest.mark.parametrize(
+    ("value", "text", "named"),
+    [
+        ("fahrenheit", "weather in London in fahr", True),
+        ("Fahrenheit", "in FAHRENHEIT please", True),
+        ("social_security", "remove their social security numbers", True),
+        ("celsius", "in fahr", False),
+        ("fahrenheit", "fah", False),  # too short to stand for the value
+        ("metric", "metrics dashboard", False),  # a longer word is not the value
+    ],
+)
+def test_names_value(value: str, text: str, named: bool) -> None:
+    from pocket_agent.grammars.grounding import names_value
+
+    assert names_value(value, text) == named
+
+
+def test_an_optional_enum_named_once_is_written(smollm: Model) -> None:
+    """'in Celsius' asks for unit=celsius: the optional property becomes required. Two
+    properties offering the same value (from/to) stay optional: the text cannot say which."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    text = "Weather in Mariposa, CA, with the temperature in Celsius"
+    lark = grounded_grammar(schema, text)
+    assert lark is not None
+    g = compile_grammar(Lark(lark), smollm)
+    assert g.accepts_text('{"city":"Mariposa, CA","unit":"celsius"}')
+    assert not g.accepts_text('{"city":"Mariposa, CA"}')
+    assert not g.accepts_text('{"city":"Mariposa, CA","unit":"fahrenheit"}')
+    both = {
+        "type": "object",
+        "properties": {
+            "from_unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]},
+            "to_unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]},
+        },
+        "additionalProperties": False,
+    }
+    g2 = compile_grammar(Lark(grounded_grammar(both, "Convert 30 degrees to celsius") or ""), smollm)
+    assert g2.accepts_text('{"to_unit":"celsius"}') and g2.accepts_text("{}")
+
+
+@pytest.mark.parametrize(
+    ("text", "states"),
+    [
+        ("Find the fastest route from New York to Boston.", False),
+        ("What's the mass of an electron?", False),
+        ("Calculate the factorial of 5", True),
+        ("dividends for the last five years", True),
+        ("air quality for the next week", True),
+        ("上海三天的天气", True),
+        ("٣ items", True),  # digits of any script
+    ],
+)
+def test_states_number(text: str, states: bool) -> None:
+    from pocket_agent.grammars.grounding import states_number
+
+    assert states_number(text) == states
+
+
+def test_number_options_with_units_read_numbers_glued_to_units() -> None:
+    text = "a triangle with base 5m and height 3.5m, $200,000 at 3% for x = -2 to 3x^2; code 12AB"
+    plain = number_options(text)
+    assert "5" not in plain and "12" not in plain and "200000" in plain
+    assert number_options(text, units=True) == ["5", "3.5", "200000", "3", "-2", "2", "12"]

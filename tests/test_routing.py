@@ -161,3 +161,148 @@ def test_a_city_cut_at_its_comma_is_chosen_among_spans_by_the_model(smollm: Mode
     chosen, probability = choose_spans(smollm, prefix, "Riga", ["Riga, Latvia"])
     assert chosen in {"Riga", "Riga, Latvia"} and 0.0 < probability <= 1.0
     assert choose_spans(smollm, prefix, "Riga", []) == ("Riga", pytest.approx(math.nan, nan_ok=True))
+
+
+def _primes_tool() -> Tool:
+    return Tool.from_openai(
+        {
+            "name": "prime_numbers_in_range",
+            "description": "Find all prime numbers within a specific range.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "start": {"type": "integer", "description": "The start of the range."},
+                    "end": {"type": "integer", "description": "The end of the range."},
+                    "return_format": {"type": "string", "description": "The format of the result."},
+                },
+                "required": ["start", "end"],
+            },
+        }
+    )
+
+
+def test_a_tool_needing_a_number_nobody_stated_is_not_offered() -> None:
+    from pocket_agent.tools.routing import needs_unstated_number, source_text
+
+    primes = _primes_tool()
+    assert needs_unstated_number(primes, "Find the fastest route from New York to Boston.")
+    assert not needs_unstated_number(primes, "primes between ten and fifty")
+    assert not needs_unstated_number(primes, "primes between 10 and 50")
+    assert not needs_unstated_number(_unit_enum_tool(), "weather?")  # no number parameter
+    opted_out = Tool.from_openai(
+        {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"id": {"type": "integer", "x-grounded": False}},
+                "required": ["id"],
+            },
+        }
+    )
+    assert not needs_unstated_number(opted_out, "look up my order")
+    msgs = [{"role": "user", "content": "a"}, {"role": "tool", "content": "42"}, {"role": "assistant", "content": "7"}]
+    assert source_text(msgs) == "a\n42"
+    # never chosen, whatever its score; with nothing left, the answer
+    q = {ANSWER: math.log(0.01), "t": math.log(0.99), "u": math.log(0.5)}
+    r = decide_route(q, {}, bias=5.0, unstated=["t"])
+    assert r.choice == "u" and r.scores["t"] == 0.0 and r.unstated == ("t",)
+    only = decide_route({ANSWER: -math.inf, "t": 0.0}, {}, bias=0.0, unstated=["t"])
+    assert only.choice == ANSWER and only.scores[ANSWER] == 1.0
+
+
+def test_the_agent_answers_a_request_that_states_no_number_its_tool_needs(smollm: Model) -> None:
+    agent = Agent([_primes_tool()], model=smollm, max_tokens=48)
+    step = agent.step("Find the fastest route from New York to Boston.")
+    assert step.routing is not None and step.routing.unstated == ("prime_numbers_in_range",)
+    assert step.is_final and not step.tool_calls
+    asked = agent.route([{"role": "user", "content": "List the primes between 10 and 50."}])
+    assert asked.unstated == () and asked.scores["prime_numbers_in_range"] > 0.0
+
+
+def test_completes() -> None:
+    from pocket_agent.grounding import completes
+
+    assert completes("200", "200000") and completes("2", "-2") and completes("3.0", "35")
+    assert not completes("2800", "5") and not completes("", "5") and not completes("12", "2")
+
+
+def test_a_cut_off_number_argument_is_completed_from_the_request(smollm: Model) -> None:
+    """No number argument is a printed number cut short or missing its sign: the model's
+    ``200`` for "$200,000" is re-chosen by score among the numbers it completes."""
+    from pocket_agent.grammars.grounding import number_options
+    from pocket_agent.grounding import completes
+
+    depreciation = Tool.from_openai(
+        {
+            "name": "finance.property_depreciation",
+            "description": "Calculates the depreciated value of a property given its initial cost and rate.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "initial_cost": {"type": "integer", "description": "The initial cost of the property."},
+                    "depreciation_rate": {"type": "integer", "description": "The annual depreciation rate in %."},
+                    "years": {"type": "integer", "description": "The number of years."},
+                },
+                "required": ["initial_cost", "depreciation_rate", "years"],
+            },
+        }
+    )
+    agent = Agent([depreciation], model=smollm, max_tokens=96, tool_choice="required")
+    task = (
+        "Calculate the depreciated value of a property costing $200,000 with an annual depreciation rate of 3% "
+        "for 5 years."
+    )
+    printed = number_options(task, units=True)
+    step = agent.step(task)
+    assert step.tool_calls
+    for call in step.tool_calls:
+        for value in call.arguments.values():
+            assert float(value) in {float(o) for o in printed} or not any(completes(str(value), o) for o in printed)
+
+
+@pytest.mark.parametrize(
+    ("text", "several"),
+    [
+        ("What is the capital of Brazil?", False),
+        ("Calculate the volume of a cone of radius 4.5", False),
+        ("What are the capital and the population of Brazil?", True),
+        ("Weather in Boston, Seattle", True),
+        ("ROI for $2000 with a gain of $500. Do the same for $5000.", True),
+        ("上海和北京的天气", True),
+        ("上海的天气", False),
+    ],
+)
+def test_asks_for_several(text: str, several: bool) -> None:
+    from pocket_agent.tools.routing import asks_for_several
+
+    assert asks_for_several(text) == several
+
+
+def test_a_request_that_joins_nothing_gets_one_call(smollm: Model) -> None:
+    def country_tool(name: str, what: str) -> Tool:
+        return Tool.from_openai(
+            {
+                "name": name,
+                "description": f"Fetch the {what} of a specified country.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"country": {"type": "string", "description": "Name of the country."}},
+                    "required": ["country"],
+                },
+            }
+        )
+
+    agent = Agent(
+        [country_tool("country_info.capital", "capital"), country_tool("country_info.population", "population")],
+        model=smollm,
+        max_tokens=96,
+        tool_choice="required",
+    )
+    one = '<tool_call>\n{"name": "country_info.capital", "arguments": {"country": "Brazil"}}\n</tool_call>'
+    two = one + "\n" + one.replace("capital", "population")
+    alone = [{"role": "user", "content": "What is the capital of Brazil?"}]
+    joined = [{"role": "user", "content": "What are the capital and the population of Brazil?"}]
+    assert agent._turn_grammar("required", alone).accepts_text(one)
+    assert not agent._turn_grammar("required", alone).accepts_text(two)
+    assert agent._turn_grammar("required", joined).accepts_text(two)
+    assert len(agent.step(alone).tool_calls) == 1

@@ -125,8 +125,11 @@ def test_parallel_calls_in_one_turn_and_a_verbatim_repeat_ends_the_turn() -> Non
     step = Agent([add], model=ScriptedModel([two])).step("add both pairs")
     assert [c.arguments for c in step.tool_calls] == [{"a": 1, "b": 2}, {"a": 3, "b": 4}]
     again = call("add", a=1, b=2) + "\n" + call("add", a=1, b=2)
-    step = Agent([add], model=ScriptedModel([again])).step("add")
+    step = Agent([add], model=ScriptedModel([again])).step("add 1 and 2, twice")
     assert len(step.tool_calls) == 1 and step.finish_reason == "repeat"
+    # a request that joins nothing admits one call: the grammar ends the turn after it
+    step = Agent([add], model=ScriptedModel([two])).step("add 1 to 2")
+    assert [c.arguments for c in step.tool_calls] == [{"a": 1, "b": 2}] and step.finish_reason != "repeat"
 
 
 class Total(BaseModel):

@@ -15,8 +15,11 @@ Which values are grounded (:func:`is_grounded`):
   it says ``"x-grounded": true``;
 * ``"x-grounded": true`` on a string with a ``pattern``/``format`` is ignored (the two
   constraints are not combined);
-* a string ``enum`` whose values the source names (whole words, any case) is narrowed to
-  the named values when it names some but not all; ``"x-grounded": false`` keeps it whole.
+* a string ``enum`` whose values the source names (:func:`names_value`: whole words, any
+  case, or a word of four letters or more that begins the value, "fahr" for
+  ``fahrenheit``) is narrowed to the named values when it names some but not all;
+  ``"x-grounded": false`` keeps it whole. An optional property narrowed to one value is
+  written (it becomes required), unless a sibling property's enum offers that value too.
 
 How a span is written:
 
@@ -52,6 +55,7 @@ IDENTIFIER_DIGITS = 8
 identifier (phone, barcode, account number), not a quantity."""
 _IDENTIFIER = re.compile(rf"-?\d{{{IDENTIFIER_DIGITS},}}")
 _NUMBER = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
+_QUANTITY = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])")
 
 
 @dataclass(frozen=True)
@@ -86,16 +90,18 @@ def span_chunks(text: str) -> list[str]:
     return out
 
 
-def number_options(text: str, *, integer: bool = False, quantities: bool = False) -> list[str]:
+def number_options(text: str, *, integer: bool = False, quantities: bool = False, units: bool = False) -> list[str]:
     """The numbers printed in ``text`` as JSON number texts, in order of first appearance.
 
     Thousands separators are dropped, leading zeros removed (``007`` -> ``7``); decimals are
     kept as printed (``9.00``). With ``integer`` only numbers printed without decimals count.
     With ``quantities``, runs of :data:`IDENTIFIER_DIGITS` or more digits printed without
-    separators or decimals (phone, barcode, registration numbers) are left out.
+    separators or decimals (phone, barcode, registration numbers) are left out. With
+    ``units``, a number may be followed by letters (``5m``, ``300K``, ``3x``), as requests
+    write them; documents' codes (``12AB``) stay out without it.
     """
     seen: dict[str, None] = {}
-    for m in _NUMBER.finditer(text):
+    for m in (_QUANTITY if units else _NUMBER).finditer(text):
         if quantities and _IDENTIFIER.fullmatch(m.group(0)):
             continue
         raw = m.group(0).replace(",", "")
@@ -110,6 +116,39 @@ def number_options(text: str, *, integer: bool = False, quantities: bool = False
             lit = lit[1:]
         seen.setdefault(lit, None)
     return list(seen)
+
+
+_NUMBER_WORDS = re.compile(
+    r"(?<!\w)(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen"
+    r"|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundreds?"
+    r"|thousands?|millions?|billions?|dozens?|half|quarter|twice|double|triple|pair|couple|first|second|third"
+    r"|fourth|fifth|sixth|seventh|eighth|ninth|tenth|weeks?|fortnight|decades?|century|centuries)(?!\w)",
+    re.IGNORECASE,
+)
+_CJK_NUMERALS = re.compile("[〇零一二两三四五六七八九十百千万亿半]")
+
+
+_PREFIX_CHARS = 4
+"""A word this long or longer that begins an enum value names it ("fahr" -> fahrenheit)."""
+
+
+def names_value(value: str, text: str) -> bool:
+    """Whether ``text`` names the enum ``value``: the value as a whole word (any case,
+    ``_`` and ``-`` read as spaces), or a word of at least :data:`_PREFIX_CHARS` letters
+    that the value begins with ("in fahr" names ``fahrenheit``)."""
+    forms = {value, re.sub(r"[_-]+", " ", value)}
+    if any(re.search(rf"(?<!\w){re.escape(f)}(?!\w)", text, re.IGNORECASE) for f in forms if f.strip()):
+        return True
+    low = value.lower()
+    return any(len(w) >= _PREFIX_CHARS and low.startswith(w.lower()) for w in re.findall(r"[^\W\d_]+", text))
+
+
+def states_number(text: str) -> bool:
+    """Whether ``text`` states a number: digits of any script, an English number word or
+    ordinal ("five", "twice", "third"), a word that stands for a count ("week", "dozen",
+    "century"), or a CJK numeral. Generous on purpose: it answers "could a number come
+    from here?", and a false "no" costs a tool call."""
+    return bool(re.search(r"\d", text) or _NUMBER_WORDS.search(text) or _CJK_NUMERALS.search(text))
 
 
 def in_bounds(value: float, node: Mapping[str, Any]) -> bool:
@@ -176,6 +215,7 @@ class _Builder:
         self.grounded = 0
         self.defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root.get(k), Mapping)}
         self._active: set[str] = set()
+        self.single_named: dict[str, str] = {}  # rule of an enum narrowed to one value -> the value
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -273,11 +313,13 @@ class _Builder:
             return None
         if not values or not all(isinstance(v, str) and v.strip() for v in values):
             return None
-        named = [v for v in values if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", self.text, re.IGNORECASE)]
+        named = [v for v in values if names_value(v, self.text)]
         if not named or len(named) == len(values):
             return None
         name = self.name("named")
         self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in named))
+        if len(named) == 1:
+            self.single_named[name] = named[0]
         return name
 
     def _value(self, node: Mapping[str, Any]) -> str | None:
@@ -335,6 +377,14 @@ class _Builder:
             items.append((key, sub, r))
         if not any_grounded:
             return None
+        # An optional enum the text names exactly one value of is written: "in Celsius" asks
+        # for unit=celsius. Not when a sibling offers the same value (from_unit/to_unit).
+        for key, _, r in items:
+            chosen = self.single_named.get(r or "")
+            if chosen is not None and key not in required:
+                siblings = [s for k, s, _ in items if k != key]
+                if not any(isinstance(s.get("enum"), list) and chosen in s["enum"] for s in siblings):
+                    required.add(key)
         sep, ksep = self.lit(self.layout.item_separator), self.lit(self.layout.key_separator)
         members = []
         for key, sub, r in items:

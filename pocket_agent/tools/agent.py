@@ -43,7 +43,17 @@ from .format import (
     parse_turn,
     render_messages,
 )
-from .routing import CALL_BIAS, Router, Routing, call_key, last_user_text, neutral_messages
+from .routing import (
+    CALL_BIAS,
+    Router,
+    Routing,
+    asks_for_several,
+    call_key,
+    last_user_text,
+    needs_unstated_number,
+    neutral_messages,
+    source_text,
+)
 from .tool import Tool, as_tool
 
 if TYPE_CHECKING:
@@ -204,7 +214,9 @@ class Agent:
             end; ``none`` applies to every turn.
         parallel_tool_calls: allow several calls in one turn (at most ``max_parallel_calls``;
             a call that repeats an earlier one of the same turn ends the turn; a call to the
-            same tool that changes only enum or boolean arguments counts as a repeat).
+            same tool that changes only enum or boolean arguments counts as a repeat). A
+            request that joins nothing (no "and", "or", list, comma or second clause; see
+            :func:`~pocket_agent.tools.routing.asks_for_several`) gets one call.
         max_parallel_calls: most calls in one turn.
         confirm: callback asked before running a tool marked ``confirm=True``; it gets the
             :class:`ToolCall` and returns True to allow it. Without a callback such calls are
@@ -323,14 +335,23 @@ class Agent:
                 self._router_for = path
             yield
 
-    def grammar_text(self, tool_choice: str | None = None, *, ground_text: str | None = None) -> str:
+    def grammar_text(
+        self,
+        tool_choice: str | None = None,
+        *,
+        ground_text: str | None = None,
+        exclude: Iterable[str] = (),
+        single: bool = False,
+    ) -> str:
         """The Lark grammar that constrains one turn under ``tool_choice`` (with string
-        arguments grounded in ``ground_text`` when given)."""
+        arguments grounded in ``ground_text`` when given, no calls of the tools named in
+        ``exclude``, and with ``single`` one call at most)."""
+        left_out = set(exclude)
         return build_grammar(
-            list(self.tools.values()),
+            [t for t in self.tools.values() if t.name not in left_out],
             tool_choice=self.tool_choice if tool_choice is None else tool_choice,
             output=self._output_schema,
-            max_calls=self.max_parallel_calls if self.parallel_tool_calls else 1,
+            max_calls=self.max_parallel_calls if self.parallel_tool_calls and not single else 1,
             max_string_chars=self.limits.max_string_chars,
             max_array_items=self.limits.max_array_items,
             model=self.model,
@@ -338,14 +359,21 @@ class Agent:
             ground_numbers=self.grounded == "all",
         )
 
-    def _turn_grammar(self, choice: str, messages: Sequence[Mapping[str, Any]]) -> CompiledGrammar:
-        """The cached grammar for ``choice``, or one grounded in the user's last message."""
-        text = last_user_text(messages) if self.grounded and choice != "none" and self.tools else None
-        if text is None:
+    def _turn_grammar(
+        self, choice: str, messages: Sequence[Mapping[str, Any]], exclude: Sequence[str] = ()
+    ) -> CompiledGrammar:
+        """The cached grammar for ``choice``, or one grounded in the user's last message,
+        without the tools in ``exclude``, or of one call where the request asks for one
+        (:func:`~pocket_agent.tools.routing.asks_for_several`)."""
+        request = last_user_text(messages) if choice != "none" and self.tools else None
+        text = request if self.grounded else None
+        exclude = exclude if choice != "none" else ()
+        single = request is not None and messages[-1].get("role") == "user" and not asks_for_several(request)
+        if text is None and not exclude and not single:
             return self.grammar(choice)
         from ..grammars import GrammarSpec, compile_spec
 
-        lark = self.grammar_text(choice, ground_text=text)
+        lark = self.grammar_text(choice, ground_text=text, exclude=exclude, single=single)
         if lark == self.grammar_text(choice):
             return self.grammar(choice)
         import llguidance as llg
@@ -361,15 +389,25 @@ class Agent:
         model's raw call probability says little about the question). A turn that follows
         tool results compares the options' plain scores: the results are there to be
         answered from, so the agent calls again only where the model itself prefers to.
+        A tool that needs a number no user message or tool result states is not chosen
+        (:func:`~pocket_agent.tools.routing.needs_unstated_number`).
         """
         if not self.tools:
             raise InvalidInputError("Routing needs at least one tool.")
         ids = self.prompt_ids(messages)
         after_results = bool(messages) and messages[-1].get("role") == "tool"
         neutral = [] if after_results else self.prompt_ids(neutral_messages(messages))
+        source = source_text(messages)
+        unstated = [t.name for t in self.tools.values() if needs_unstated_number(t, source)]
         with self._adapter_on():
             return self._router.route(
-                self.model, list(self.tools.values()), ids, neutral, self._start_token_sets, calibrate=not after_results
+                self.model,
+                list(self.tools.values()),
+                ids,
+                neutral,
+                self._start_token_sets,
+                calibrate=not after_results,
+                unstated=unstated,
             )
 
     def _call_key(self, body: str) -> str | None:
@@ -454,7 +492,7 @@ class Agent:
             routed = self.route(messages)
             p_call = routed.call_probability
             tool_choice = "required" if routed.calls else "none"
-        grammar = self._turn_grammar(tool_choice, messages)
+        grammar = self._turn_grammar(tool_choice, messages, routed.unstated if routed is not None else ())
         usage = Usage()
         tokens: list[int] = []
         finish = "grammar"
@@ -501,6 +539,7 @@ class Agent:
         user_text = last_user_text(messages) if self.grounded and self.tools else None
         if user_text and CALL_OPEN in text and model.capabilities.probabilities:
             text = self._choose_argument_spans(ids, tokens, text, user_text)
+            text = self._choose_argument_numbers(ids, tokens, text, user_text)
         parsed = self._parse(text, index)
         final: Any = None
         if parsed.is_final:
@@ -526,6 +565,46 @@ class Agent:
         from ..grounding import choose_spans, comma_names, json_members
 
         edits: list[tuple[int, int, str, list[str]]] = []  # value span in text, value, longer options
+        for tool, base, end in self._call_arguments(text):
+            props = tool.parameters.get("properties") or {}
+            for key, value, a, b in json_members(text[base:end]):
+                node = props.get(key)
+                if not isinstance(value, str) or not isinstance(node, Mapping) or not is_grounded(node):
+                    continue
+                limit = node.get("maxLength")
+                options = comma_names(value, user_text)
+                options = [o for o in options if not isinstance(limit, int) or len(o) <= limit]
+                if options:
+                    edits.append((base + a, base + b, value, options))
+        for start, end, value, options in reversed(edits):  # right to left: earlier spans stay valid
+            chosen, _ = choose_spans(self.model, self._prefix_ids(ids, tokens, text[: start + 1]), value, options)
+            if chosen != value:
+                text = text[:start] + json.dumps(chosen, ensure_ascii=False) + text[end:]
+        return text
+
+    def _choose_argument_numbers(self, ids: list[int], tokens: list[int], text: str, user_text: str) -> str:
+        """``text`` (a turn of calls) with each number argument the model cut short or wrote
+        without its sign (``200`` for "$200,000", ``2`` for "x = -2") set to the printed
+        number it completes that scores highest as the whole value
+        (:func:`~pocket_agent.grounding.choose_numbers`). Other numbers the request does
+        not print are kept: a call may rightly hold a constant the model knows."""
+        from ..grounding import choose_numbers
+
+        for tool, base, end in reversed(list(self._call_arguments(text))):  # right to left
+            raw = text[base:end]
+            prompt = self._prefix_ids(ids, tokens, text[:base])
+            chosen, _ = choose_numbers(
+                self.model, prompt, raw, tool.parameters, user_text, units=True, completions=True
+            )
+            if chosen != raw:
+                text = text[:base] + chosen + text[end:]
+        return text
+
+    def _call_arguments(self, text: str) -> Iterator[tuple[Tool, int, int]]:
+        """For each call in ``text`` (a turn of calls) to a registered tool whose arguments
+        are an object: the tool and where its arguments' JSON starts and ends in ``text``."""
+        from ..grounding import json_members
+
         pos = 0
         while (open_at := text.find(CALL_OPEN, pos)) >= 0 and (close_at := text.find(CALL_CLOSE, open_at)) >= 0:
             body = open_at + len(CALL_OPEN)
@@ -533,23 +612,8 @@ class Agent:
             name, args = members.get("name"), members.get("arguments")
             tool = self.tools.get(name[0]) if name is not None and isinstance(name[0], str) else None
             if tool is not None and args is not None and isinstance(args[0], dict):
-                props = tool.parameters.get("properties") or {}
-                base = body + args[1]
-                for key, value, a, b in json_members(text[base : body + args[2]]):
-                    node = props.get(key)
-                    if not isinstance(value, str) or not isinstance(node, Mapping) or not is_grounded(node):
-                        continue
-                    limit = node.get("maxLength")
-                    options = comma_names(value, user_text)
-                    options = [o for o in options if not isinstance(limit, int) or len(o) <= limit]
-                    if options:
-                        edits.append((base + a, base + b, value, options))
+                yield tool, body + args[1], body + args[2]
             pos = close_at + len(CALL_CLOSE)
-        for start, end, value, options in reversed(edits):  # right to left: earlier spans stay valid
-            chosen, _ = choose_spans(self.model, self._prefix_ids(ids, tokens, text[: start + 1]), value, options)
-            if chosen != value:
-                text = text[:start] + json.dumps(chosen, ensure_ascii=False) + text[end:]
-        return text
 
     def _prefix_ids(self, ids: list[int], tokens: list[int], prefix: str) -> list[int]:
         """The prompt ``ids`` and the output tokens that spell ``prefix`` (the rest of it tokenized)."""

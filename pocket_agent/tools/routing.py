@@ -20,12 +20,19 @@ option with the highest calibrated score wins, tools with :data:`CALL_BIAS` adde
 :data:`CALL_BIAS` is one constant for every user, fitted once on the BFCL development
 split (rows 15-29 of every category, disjoint from the rows ``bench/bfcl.py`` scores) by
 ``bench/bfcl_calibrate.py``; see ``bench/bfcl.md``.
+
+A tool with a required number parameter is not offered when the user's messages state no
+number at all (:func:`needs_unstated_number`): its call could only hold a number the model
+made up. SmolLM2-135M otherwise answers "the fastest route from New York to Boston" with
+``prime_numbers_in_range(start=10, end=100)``. A parameter whose number is not expected
+from the request opts out with ``"x-grounded": false``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,7 +65,9 @@ class Routing:
     ``choice`` is ``"answer"`` or a tool name. ``scores`` maps every option to its
     probability (softmax of ``logits``, the calibrated log-scores the choice maximised).
     ``raw`` holds the uncalibrated log-probabilities of each option's continuation after
-    the real prompt, ``call_probability`` the probability of starting any call.
+    the real prompt, ``call_probability`` the probability of starting any call, and
+    ``unstated`` the tools left out of the choice (score 0) because each needs a number
+    the request does not state.
     """
 
     choice: str
@@ -66,6 +75,8 @@ class Routing:
     logits: dict[str, float] = field(default_factory=dict)
     raw: dict[str, float] = field(default_factory=dict)
     call_probability: float = 0.0
+    unstated: tuple[str, ...] = ()
+    """Tools not offered: each needs a number the user's messages do not state."""
 
     @property
     def calls(self) -> bool:
@@ -158,14 +169,17 @@ def decide_route(
     neutral: dict[str, float],
     *,
     bias: float = CALL_BIAS,
+    unstated: Sequence[str] = (),
 ) -> Routing:
     """The calibrated decision from the option log-probabilities after the real and the
-    neutral prompt."""
+    neutral prompt; the tools in ``unstated`` are never chosen."""
     logits = {}
     for name, lp in question.items():
         cal = lp - neutral.get(name, 0.0)
-        logits[name] = cal if name == ANSWER else cal + bias
+        logits[name] = cal if name == ANSWER else (-math.inf if name in unstated else cal + bias)
     vals = np.asarray(list(logits.values()), dtype=np.float64)
+    if not np.isfinite(vals).any():  # nothing scores: answering is the safe default
+        logits[ANSWER] = vals[list(logits).index(ANSWER)] = 0.0
     probs = np.exp(vals - vals.max())
     probs /= probs.sum()
     names = list(logits)
@@ -177,7 +191,51 @@ def decide_route(
         logits=logits,
         raw=dict(question),
         call_probability=max(0.0, min(1.0, p_call)),
+        unstated=tuple(n for n in question if n in unstated),
     )
+
+
+def needs_unstated_number(tool: Tool, text: str) -> bool:
+    """Whether ``tool`` has a required number parameter (no default, not ``"x-grounded":
+    false``) while ``text`` states no number (:func:`~pocket_agent.grammars.grounding.states_number`)."""
+    from ..grammars.grounding import GROUNDED_KEY, states_number
+
+    props = tool.parameters.get("properties")
+    if not isinstance(props, Mapping):
+        return False
+    for name in tool.parameters.get("required") or []:
+        node = props.get(name)
+        if not isinstance(node, Mapping) or "default" in node or node.get(GROUNDED_KEY) is False:
+            continue
+        types = node.get("type")
+        kinds = set(types) if isinstance(types, list) else {types}
+        if kinds and kinds <= {"integer", "number"}:
+            return not states_number(text)
+    return False
+
+
+_JOINS = re.compile(
+    r"(?<!\w)(?:and|or|then|also|plus|both|as well as|each|every|respectively|vs|versus"  # English
+    r"|e|y|et|und|ou|oder)(?!\w)"  # a few other languages' "and"/"or"
+    r"|[,;&+\n]|[.!?]\s+\w|[。！？]\s*\S"  # lists; a second sentence
+    r"|和|与|及|以及|并且|还有|、|，|；",
+    re.IGNORECASE,
+)
+
+
+def asks_for_several(text: str) -> bool:
+    """Whether a request joins several things ("... and ...", a list, a second clause), so
+    that it may ask for several calls. One that joins nothing ("What is the capital of
+    Brazil?") gets one call: SmolLM2-135M otherwise adds a call to a neighbouring tool
+    (``country_info.population``) that nobody asked for."""
+    return bool(_JOINS.search(text))
+
+
+def source_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text of every user message and tool result, one per line (where the values of
+    a call may come from)."""
+    parts = [m.get("content") for m in messages if m.get("role") in ("user", "tool")]
+    return "\n".join(p for p in parts if isinstance(p, str))
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -218,10 +276,12 @@ class Router:
         start_sets: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]],
         *,
         calibrate: bool = True,
+        unstated: Sequence[str] = (),
     ) -> Routing:
         """The decision for the turn after ``prompt``: calibrated against ``neutral_prompt``
         with :attr:`bias` for tools, or with ``calibrate=False`` the options' plain scores
-        after ``prompt`` (how a turn after tool results decides whether to call again)."""
+        after ``prompt`` (how a turn after tool results decides whether to call again).
+        Tools named in ``unstated`` are scored but never chosen."""
         if self._sets is None:
             self._sets = start_sets()
         if self._call_tokens is None:
@@ -229,7 +289,7 @@ class Router:
         first_allowed, call_first = self._sets
         if not calibrate:
             question = option_log_probs(model, prompt, tools, first_allowed, call_first, self._call_tokens)
-            return decide_route(question, {}, bias=0.0)
+            return decide_route(question, {}, bias=0.0, unstated=unstated)
         key = tuple(neutral_prompt)
         neutral = self._neutral.get(key)
         if neutral is None:
@@ -238,7 +298,7 @@ class Router:
                 self._neutral.clear()
             self._neutral[key] = neutral
         question = option_log_probs(model, prompt, tools, first_allowed, call_first, self._call_tokens)
-        return decide_route(question, neutral, bias=self.bias)
+        return decide_route(question, neutral, bias=self.bias, unstated=unstated)
 
 
 def _choice_valued(schema: Any) -> bool:

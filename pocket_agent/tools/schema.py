@@ -85,6 +85,7 @@ _KEEP = frozenset(
         "$ref",
         "title",
         "examples",
+        "x-grounded",  # the grounding opt-in/out (pocket_agent.grammars.grounding)
         *_SCHEMA_ONE,
         *_SCHEMA_LIST,
         *_SCHEMA_MAP,
