@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -31,21 +32,22 @@ def get_weather(city: str, unit: str = "celsius") -> str:
     return f"sunny in {city}"
 
 
+def _spec_tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Tool:
+    """A tool from an OpenAI-style spec with an object of ``properties``."""
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return Tool.from_openai({"name": name, "description": description, "parameters": parameters})
+
+
 def _unit_enum_tool() -> Tool:
-    return Tool.from_openai(
+    return _spec_tool(
+        "get_weather",
+        "Current weather in a city.",
         {
-            "name": "get_weather",
-            "description": "Current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                    "detailed": {"type": "boolean"},
-                },
-                "required": ["city"],
-            },
-        }
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "detailed": {"type": "boolean"},
+        },
+        ["city"],
     )
 
 
@@ -164,20 +166,15 @@ def test_a_city_cut_at_its_comma_is_chosen_among_spans_by_the_model(smollm: Mode
 
 
 def _primes_tool() -> Tool:
-    return Tool.from_openai(
+    return _spec_tool(
+        "prime_numbers_in_range",
+        "Find all prime numbers within a specific range.",
         {
-            "name": "prime_numbers_in_range",
-            "description": "Find all prime numbers within a specific range.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "start": {"type": "integer", "description": "The start of the range."},
-                    "end": {"type": "integer", "description": "The end of the range."},
-                    "return_format": {"type": "string", "description": "The format of the result."},
-                },
-                "required": ["start", "end"],
-            },
-        }
+            "start": {"type": "integer", "description": "The start of the range."},
+            "end": {"type": "integer", "description": "The end of the range."},
+            "return_format": {"type": "string", "description": "The format of the result."},
+        },
+        ["start", "end"],
     )
 
 
@@ -189,16 +186,7 @@ def test_a_tool_needing_a_number_nobody_stated_is_not_offered() -> None:
     assert not needs_unstated_number(primes, "primes between ten and fifty")
     assert not needs_unstated_number(primes, "primes between 10 and 50")
     assert not needs_unstated_number(_unit_enum_tool(), "weather?")  # no number parameter
-    opted_out = Tool.from_openai(
-        {
-            "name": "lookup",
-            "parameters": {
-                "type": "object",
-                "properties": {"id": {"type": "integer", "x-grounded": False}},
-                "required": ["id"],
-            },
-        }
-    )
+    opted_out = _spec_tool("lookup", "", {"id": {"type": "integer", "x-grounded": False}}, ["id"])
     assert not needs_unstated_number(opted_out, "look up my order")
     msgs = [{"role": "user", "content": "a"}, {"role": "tool", "content": "42"}, {"role": "assistant", "content": "7"}]
     assert source_text(msgs) == "a\n42"
@@ -232,20 +220,15 @@ def test_a_cut_off_number_argument_is_completed_from_the_request(smollm: Model) 
     from pocket_agent.grammars.grounding import number_options
     from pocket_agent.grounding import completes
 
-    depreciation = Tool.from_openai(
+    depreciation = _spec_tool(
+        "finance.property_depreciation",
+        "Calculates the depreciated value of a property given its initial cost and rate.",
         {
-            "name": "finance.property_depreciation",
-            "description": "Calculates the depreciated value of a property given its initial cost and rate.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "initial_cost": {"type": "integer", "description": "The initial cost of the property."},
-                    "depreciation_rate": {"type": "integer", "description": "The annual depreciation rate in %."},
-                    "years": {"type": "integer", "description": "The number of years."},
-                },
-                "required": ["initial_cost", "depreciation_rate", "years"],
-            },
-        }
+            "initial_cost": {"type": "integer", "description": "The initial cost of the property."},
+            "depreciation_rate": {"type": "integer", "description": "The annual depreciation rate in %."},
+            "years": {"type": "integer", "description": "The number of years."},
+        },
+        ["initial_cost", "depreciation_rate", "years"],
     )
     agent = Agent([depreciation], model=smollm, max_tokens=96, tool_choice="required")
     task = (
@@ -280,17 +263,8 @@ def test_asks_for_several(text: str, several: bool) -> None:
 
 def test_a_request_that_joins_nothing_gets_one_call(smollm: Model) -> None:
     def country_tool(name: str, what: str) -> Tool:
-        return Tool.from_openai(
-            {
-                "name": name,
-                "description": f"Fetch the {what} of a specified country.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"country": {"type": "string", "description": "Name of the country."}},
-                    "required": ["country"],
-                },
-            }
-        )
+        country = {"country": {"type": "string", "description": "Name of the country."}}
+        return _spec_tool(name, f"Fetch the {what} of a specified country.", country, ["country"])
 
     agent = Agent(
         [country_tool("country_info.capital", "capital"), country_tool("country_info.population", "population")],
