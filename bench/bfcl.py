@@ -459,7 +459,8 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "decision of `pocket_agent.tools.routing` (the model's probability of answering and of each tool's call, "
         "calibrated against a content-free question, one constant `CALL_BIAS` fitted by `bench/bfcl_calibrate.py` "
         "on rows 15-29 of every category, disjoint from the rows scored here; a tool needing a number the "
-        "question does not state is not offered), string arguments grounded in the question, enums the question "
+        "question does not state, or states only in units of another dimension, is not offered), "
+        "string arguments grounded in the question, enums the question "
         "names narrowed and written, numbers cut short completed from the question, one call for a question "
         "that joins nothing; "
         + (

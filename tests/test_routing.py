@@ -207,6 +207,29 @@ def test_the_agent_answers_a_request_that_states_no_number_its_tool_needs(smollm
     assert asked.unstated == () and asked.scores["prime_numbers_in_range"] > 0.0
 
 
+def test_a_tool_whose_number_needs_a_unit_the_request_never_states_is_not_offered(smollm: Model) -> None:
+    """ "10 meters" cannot be a weight in kilograms: the BMI tool is left out of the choice
+    for a triangle's area, and offered again once a weight is stated."""
+    from pocket_agent.tools.routing import needs_unstated_number
+
+    bmi = _spec_tool(
+        "determine_body_mass_index",
+        "Calculate body mass index given weight and height.",
+        {
+            "weight": {"type": "number", "description": "Weight of the individual in kilograms."},
+            "height": {"type": "number", "description": "Height of the individual in meters."},
+        },
+        ["weight", "height"],
+    )
+    triangle = "Calculate the area of a triangle given the base is 10 meters and height is 5 meters."
+    assert needs_unstated_number(bmi, triangle)
+    assert not needs_unstated_number(bmi, "My BMI? I weigh 70 kg and I am 1.75 m tall.")
+    assert not needs_unstated_number(bmi, "My BMI? I weigh 70 and I am 1.75 m tall.")
+    step = Agent([bmi], model=smollm, max_tokens=48).step(triangle)
+    assert step.routing is not None and step.routing.unstated == ("determine_body_mass_index",)
+    assert step.is_final and not step.tool_calls
+
+
 def test_completes() -> None:
     from pocket_agent.grounding import completes
 

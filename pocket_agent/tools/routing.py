@@ -24,7 +24,10 @@ split (rows 15-29 of every category, disjoint from the rows ``bench/bfcl.py`` sc
 A tool with a required number parameter is not offered when the user's messages state no
 number at all (:func:`needs_unstated_number`): its call could only hold a number the model
 made up. SmolLM2-135M otherwise answers "the fastest route from New York to Boston" with
-``prime_numbers_in_range(start=10, end=100)``. A parameter whose number is not expected
+``prime_numbers_in_range(start=10, end=100)``. Likewise when the parameter's description
+names a unit and the request states only numbers of other units: "the area of a triangle
+with base 10 meters and height 5 meters" does not go to
+``determine_body_mass_index(weight: "in kilograms", height)``. A parameter whose number is not expected
 from the request opts out with ``"x-grounded": false``.
 """
 
@@ -197,8 +200,12 @@ def decide_route(
 
 def needs_unstated_number(tool: Tool, text: str) -> bool:
     """Whether ``tool`` has a required number parameter (no default, not ``"x-grounded":
-    false``) while ``text`` states no number (:func:`~pocket_agent.grammars.grounding.states_number`)."""
+    false``) that no number in ``text`` could fill: ``text`` states no number at all
+    (:func:`~pocket_agent.grammars.grounding.states_number`), or the parameter's description
+    names a unit ("in kilograms") and every number ``text`` states carries a unit of another
+    dimension ("10 meters"; :mod:`pocket_agent.grammars.units`)."""
     from ..grammars.grounding import GROUNDED_KEY, states_number
+    from ..grammars.units import can_hold, parameter_dimension
 
     props = tool.parameters.get("properties")
     if not isinstance(props, Mapping):
@@ -209,8 +216,13 @@ def needs_unstated_number(tool: Tool, text: str) -> bool:
             continue
         types = node.get("type")
         kinds = set(types) if isinstance(types, list) else {types}
-        if kinds and kinds <= {"integer", "number"}:
-            return not states_number(text)
+        if not kinds or not kinds <= {"integer", "number"}:
+            continue
+        if not states_number(text):
+            return True
+        description = node.get("description")
+        if isinstance(description, str) and not can_hold(text, parameter_dimension(description)):
+            return True
     return False
 
 
