@@ -82,10 +82,22 @@ def main() -> int:
         from pocket_agent.tools import Agent, Tool
 
         model = load_model(threads=args.threads)
+        scored_with = args.adapter
+        if args.adapter is not None:
+            # an Agent routes on a LoRA's weights only when it records a constant (else on the
+            # base weights): score a copy recording 0, so the margins are the LoRA's own
+            import shutil
+            import tempfile
+
+            from pocket_agent.training._lora import update_gguf_lora_metadata
+
+            scored_with = Path(tempfile.mkdtemp()) / args.adapter.name
+            shutil.copyfile(args.adapter, scored_with)
+            update_gguf_lora_metadata(scored_with, {"call_bias": "0"})
         records = []
         for cat in CATEGORIES:
             for row in rows(cat, args.start, args.stop):
-                agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model, adapter=args.adapter)
+                agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model, adapter=scored_with)
                 msgs = agent._messages(row["question"][0])
                 r = agent.route(msgs)
                 neutral = {k: r.raw[k] - r.logits[k] + (0 if k == "answer" else agent._router.bias) for k in r.raw}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,11 +139,12 @@ def add(a: float, b: float) -> float:
 
 
 def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_constant(
-    smollm: Model, tmp_path: Path
+    smollm: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import gguf
     from test_lora import write_lora
 
+    import pocket_agent.tools.agent as agent_module
     from pocket_agent import Agent
     from pocket_agent.tools.routing import CALL_BIAS
 
@@ -166,17 +168,31 @@ def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_cons
     task = "What is 17 plus 25?"
     base = Agent([add], model=smollm, adapter=None)
     assert base.route([{"role": "user", "content": task}]).raw == base.route([{"role": "user", "content": task}]).raw
-    tuned = Agent([add], model=smollm, adapter=path)
     raw_base = base.route([{"role": "user", "content": task}]).raw
-    raw_tuned = tuned.route([{"role": "user", "content": task}]).raw
-    assert max(abs(raw_base[k] - raw_tuned[k]) for k in raw_base) > 1e-3  # scored with the LoRA on
+    # an adapter with its own constant routes on its own weights with that constant
+    with_constant = Agent([add], model=smollm, adapter=calibrated)
+    raw_calibrated = with_constant.route([{"role": "user", "content": task}]).raw
+    assert max(abs(raw_base[k] - raw_calibrated[k]) for k in raw_base) > 1e-3  # scored with the LoRA on
     assert all(a.scale == 0.0 for a in smollm.loras)  # and off again
-    assert tuned._router.bias == CALL_BIAS  # no constant recorded: the base model's
+    assert with_constant._router.bias == pytest.approx(1.5)
+    # one without a constant writes the calls; the base weights route with CALL_BIAS
+    tuned = Agent([add], model=smollm, adapter=path)
+    raw_tuned = tuned.route([{"role": "user", "content": task}]).raw
+    assert max(abs(raw_base[k] - raw_tuned[k]) for k in raw_base) < 1e-4
+    assert tuned._router.bias == CALL_BIAS
+    on_while_generating: list[list[str]] = []
+    real_stream = agent_module.stream_tokens
+
+    def watched(model: Model, *args: Any, **kwargs: Any) -> Any:
+        on_while_generating.append([a.path.name for a in model.loras if a.scale != 0.0])
+        return real_stream(model, *args, **kwargs)
+
+    monkeypatch.setattr(agent_module, "stream_tokens", watched)
+    step = Agent([add], model=smollm, adapter=path, tool_choice="required").step(task)
+    assert on_while_generating == [["tools.gguf"]] and step.tool_calls
+    assert all(a.scale == 0.0 for a in smollm.loras)
     step = Agent([add], model=smollm, adapter=calibrated).step(task)
     assert step.routing is not None and all(a.scale == 0.0 for a in smollm.loras)
-    with_constant = Agent([add], model=smollm, adapter=calibrated)
-    with_constant.route([{"role": "user", "content": task}])
-    assert with_constant._router.bias == pytest.approx(1.5)
     with pytest.raises(InvalidInputError, match="adapter must be"):
         Agent([add], model=smollm, adapter=7)  # type: ignore[arg-type]
 

@@ -249,7 +249,9 @@ class Agent:
         adapter: the tools LoRA switched on while the agent generates: ``"auto"`` (default)
             the one shipped for the model, if any; a GGUF LoRA's path (``pocket-agent tune
             tools``); ``None`` for the base model. An adapter that records a calibrated
-            routing constant (``pocket_agent.call_bias``) brings it along.
+            routing constant (``pocket_agent.call_bias``) routes on its own weights with
+            that constant; one that records none writes the calls and answers only, and
+            the base weights route with :data:`~pocket_agent.tools.routing.CALL_BIAS`.
     """
 
     def __init__(
@@ -292,6 +294,7 @@ class Agent:
         self.routing = routing
         self.grounded = grounded
         self._router = Router()
+        self._route_on_base = False
         self.tool_choice = check_tool_choice(tool_choice, self.tools)
         self._model_arg = model
         self._model: Model | None = None
@@ -332,6 +335,9 @@ class Agent:
             if path != self._router_for:  # the routing constant belongs to the weights
                 bias = adapter_record(path).get("call_bias") if path is not None else None
                 self._router = Router(float(bias) if bias is not None else CALL_BIAS)
+                # CALL_BIAS belongs to the base weights: an adapter without its own constant
+                # is not routed on
+                self._route_on_base = path is not None and bias is None
                 self._router_for = path
             yield
 
@@ -400,15 +406,17 @@ class Agent:
         source = source_text(messages)
         unstated = [t.name for t in self.tools.values() if needs_unstated_number(t, source)]
         with self._adapter_on():
-            return self._router.route(
-                self.model,
-                list(self.tools.values()),
-                ids,
-                neutral,
-                self._start_token_sets,
-                calibrate=not after_results,
-                unstated=unstated,
-            )
+            base = task_adapter(self.model, None, "tools") if self._route_on_base else nullcontext()
+            with base:
+                return self._router.route(
+                    self.model,
+                    list(self.tools.values()),
+                    ids,
+                    neutral,
+                    self._start_token_sets,
+                    calibrate=not after_results,
+                    unstated=unstated,
+                )
 
     def _call_key(self, body: str) -> str | None:
         """What makes a call new: its tool and the arguments not picked from the schema's
