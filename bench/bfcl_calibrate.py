@@ -65,6 +65,37 @@ def best_bias(ms: list[tuple[float, bool]]) -> tuple[float, float]:
     return (min(best) + max(best)) / 2, top
 
 
+def score_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Route every calibration row: the raw scores after the question and the neutral one."""
+    import shutil
+    import tempfile
+
+    from pocket_agent.runtime import load_model
+    from pocket_agent.tools import Agent, Tool
+    from pocket_agent.training._lora import update_gguf_lora_metadata
+
+    model = load_model(threads=args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        scored_with = args.adapter
+        if args.adapter is not None:
+            # an Agent routes on a LoRA's weights only when it records a constant (else on the
+            # base weights): score a copy recording 0, so the margins are the LoRA's own
+            scored_with = Path(tmp) / args.adapter.name
+            shutil.copyfile(args.adapter, scored_with)
+            update_gguf_lora_metadata(scored_with, {"call_bias": "0"})
+        records = []
+        for cat in CATEGORIES:
+            for row in rows(cat, args.start, args.stop):
+                agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model, adapter=scored_with)
+                msgs = agent._messages(row["question"][0])
+                r = agent.route(msgs)
+                neutral = {k: r.raw[k] - r.logits[k] + (0 if k == "answer" else agent._router.bias) for k in r.raw}
+                records.append({"category": cat, "id": row["id"], "question": r.raw, "neutral": neutral})
+                print(".", end="", flush=True)
+            print(" " + cat, flush=True)
+    return records
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--start", type=int, default=15)
@@ -78,32 +109,7 @@ def main() -> int:
     if args.from_json:
         records = json.loads(args.from_json.read_text())
     else:
-        from pocket_agent.runtime import load_model
-        from pocket_agent.tools import Agent, Tool
-
-        model = load_model(threads=args.threads)
-        scored_with = args.adapter
-        if args.adapter is not None:
-            # an Agent routes on a LoRA's weights only when it records a constant (else on the
-            # base weights): score a copy recording 0, so the margins are the LoRA's own
-            import shutil
-            import tempfile
-
-            from pocket_agent.training._lora import update_gguf_lora_metadata
-
-            scored_with = Path(tempfile.mkdtemp()) / args.adapter.name
-            shutil.copyfile(args.adapter, scored_with)
-            update_gguf_lora_metadata(scored_with, {"call_bias": "0"})
-        records = []
-        for cat in CATEGORIES:
-            for row in rows(cat, args.start, args.stop):
-                agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model, adapter=scored_with)
-                msgs = agent._messages(row["question"][0])
-                r = agent.route(msgs)
-                neutral = {k: r.raw[k] - r.logits[k] + (0 if k == "answer" else agent._router.bias) for k in r.raw}
-                records.append({"category": cat, "id": row["id"], "question": r.raw, "neutral": neutral})
-                print(".", end="", flush=True)
-            print(" " + cat, flush=True)
+        records = score_rows(args)
         if args.out:
             args.out.write_text(json.dumps(records))
     for calibrated in (True, False):
