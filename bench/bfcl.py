@@ -302,7 +302,8 @@ def _adapter_note(model: Any, adapter: Any) -> str:
     rec = adapter_record(path)
     return (
         f"`{Path(path).name}` (task {rec.get('task')}, {rec.get('steps')} steps, call_bias "
-        f"{rec.get('call_bias', 'not recorded')}; data: {rec.get('data', '?')})"
+        f"{rec.get('call_bias', 'not recorded: routed on the base weights')}, more_calls_bias "
+        f"{rec.get('more_calls_bias', 'not recorded')}; data: {rec.get('data', '?')})"
     )
 
 
@@ -462,7 +463,7 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         "question does not state, or states only in units of another dimension, is not offered), "
         "string arguments grounded in the question, enums the question "
         "names narrowed and written, numbers cut short completed from the question, one call for a question "
-        "that joins nothing; "
+        "that joins nothing, a call repeating an earlier one of the turn dropped; "
         + (
             f"*ours+thr* = the same with `call_threshold={meta['threshold']}` (call when the model puts at least "
             "that probability on starting a call); "

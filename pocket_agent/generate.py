@@ -200,6 +200,7 @@ def stream_tokens(
     limits: Limits | None = None,
     stop: Sequence[str] | None = None,
     usage: Usage | None = None,
+    end_bias: float = 0.0,
 ) -> Generator[TokenEvent, None, FinishReason]:
     """Generate after ``prompt_tokens``, yielding each step as it happens.
 
@@ -216,6 +217,9 @@ def stream_tokens(
     grounded value is a span of the document), cut to what the grammar accepts. Draft
     tokens are kept while each is the token this loop would have chosen from the same
     logits; the rest is rolled back from the KV cache.
+
+    ``end_bias`` is added to the end-of-sequence logits wherever the grammar allows ending
+    (a negative one makes the output go on where it may: another tool call in a turn of calls).
     """
     lim = resolve_limits(limits)
     smp = resolve_sampling(sampling)
@@ -231,7 +235,7 @@ def stream_tokens(
         run.usage.requests += 1
         logits = run.prefill(list(prompt_tokens))
         while True:
-            step = advance(run, guard, sampler, eos, stop_list, logits)
+            step = advance(run, guard, sampler, eos, stop_list, logits, end_bias)
             if step.event is not None:
                 yield step.event
             if step.finish is not None:
@@ -255,7 +259,7 @@ def stream_tokens(
                 logits = run.evaluate([tok])
                 continue
             rows = run.evaluate_all([tok, *draft])
-            kept, reason = yield from _verify(run, guard, sampler, draft, rows, stop_list)
+            kept, reason = yield from _verify(run, guard, sampler, draft, rows, stop_list, eos, end_bias)
             run.usage.draft_tokens += len(draft)
             run.usage.draft_accepted += kept
             lookup.feedback(len(draft), kept)
@@ -283,9 +287,11 @@ def advance(
     eos: set[int],
     stop: Sequence[str],
     logits: NDArray[np.float32],
+    end_bias: float = 0.0,
 ) -> Step:
     """Produce the next output from ``logits`` (the logits after everything so far): the
-    tokens the grammar forces, else one sampled token; or the finish reason.
+    tokens the grammar forces, else one sampled token; or the finish reason. ``end_bias`` is
+    added to the end-of-sequence logits (see :func:`stream_tokens`).
 
     Raises :class:`OutputBudgetExceeded` when the budget runs out before the grammar is
     complete, :class:`GenerationError` when the model ends an incomplete output.
@@ -301,7 +307,7 @@ def advance(
                 raise run.over_budget()
             event = run.accept(forced, forced=True)
             return Step(event, forced, "grammar" if matcher.is_stopped() else None)
-        logits = run.masked(logits)
+        logits = _bias_ends(run.masked(logits), eos, end_bias)
     logits = guard.apply(logits, run.produced)
     if len(run.produced) >= run.limit:
         if matcher is not None:
@@ -320,6 +326,18 @@ def advance(
     if matcher is not None and matcher.is_stopped():
         return Step(event, [tok], "grammar")
     return Step(event, [tok])
+
+
+def _bias_ends(logits: NDArray[np.float32], eos: set[int], end_bias: float) -> NDArray[np.float32]:
+    """``logits`` with ``end_bias`` added to the end-of-sequence tokens the mask allows."""
+    if not end_bias or not eos:
+        return logits
+    ends = list(eos)
+    if not np.isfinite(logits[ends]).any():
+        return logits
+    biased = logits.copy()
+    biased[ends] += end_bias
+    return biased
 
 
 def _draft(run: GenerationRun, lookup: PromptLookup) -> list[int]:
@@ -349,6 +367,8 @@ def _verify(
     draft: list[int],
     rows: NDArray[np.float32],
     stop: Sequence[str],
+    eos: set[int],
+    end_bias: float,
 ) -> Generator[TokenEvent, None, tuple[int, FinishReason | None]]:
     """Accept the draft's tokens while each is what the loop would choose from its row.
 
@@ -372,7 +392,7 @@ def _verify(
                 if matcher.is_stopped():
                     return i, "grammar"
                 continue
-            logits = run.masked(rows[i])
+            logits = _bias_ends(run.masked(rows[i]), eos, end_bias)
         else:
             logits = rows[i]
         if not sampler.params.greedy or len(run.produced) >= run.limit:

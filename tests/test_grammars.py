@@ -537,3 +537,24 @@ def test_apply_mask_on_real_masks(smollm: Model) -> None:
 def test_constraint_error_type() -> None:
     assert issubclass(TokenRejectedError, ConstraintError)
     assert issubclass(ConstraintError, PocketAgentError)
+
+
+def test_end_bias_moves_only_the_choice_to_end(smollm: Model) -> None:
+    """``end_bias`` shifts the end-of-sequence logits where the grammar allows ending, and
+    nothing else: strongly negative, the output goes on as far as the grammar lets it; strongly
+    positive, it ends at the first place it may."""
+    from pocket_agent import Sampling
+    from pocket_agent.generate import stream_tokens
+
+    grammar = compile_grammar(Lark('start: "call" ("\\n" "call"){0,3}'), smollm)
+    ids = smollm.tokenize("List the calls:\n")
+
+    def text(bias: float, speculate: bool = False) -> str:
+        sampling = Sampling(speculate=speculate)
+        return "".join(ev.text for ev in stream_tokens(smollm, ids, grammar=grammar, sampling=sampling, end_bias=bias))
+
+    assert text(-1e4) == "\n".join(["call"] * 4)
+    assert text(1e4) == "call"
+    assert text(0.0) in {"\n".join(["call"] * k) for k in range(1, 5)}
+    for bias in (-1e4, 1e4, 0.0):  # drafts are verified under the same bias
+        assert text(bias, speculate=True) == text(bias)

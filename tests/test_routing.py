@@ -101,7 +101,7 @@ def test_step_carries_routing_scores_and_grounded_arguments(smollm: Model) -> No
     assert forced.routing is None and forced.tool_calls
     for call in forced.tool_calls:
         assert call.arguments["city"] in normalize_space(task)
-    sampled = Agent([get_weather], model=smollm, max_tokens=32, routing="sample").step(task)
+    sampled = Agent([get_weather], model=smollm, max_tokens=96, routing="sample").step(task)
     assert sampled.routing is None
     with pytest.raises(InvalidInputError):
         Agent([get_weather], model=smollm, routing="vibes")  # type: ignore[arg-type]

@@ -158,6 +158,7 @@ def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_cons
     w.add_float32("adapter.lora.alpha", 4.0)
     w.add_string("pocket_agent.task", "tools")
     w.add_float32("pocket_agent.call_bias", 1.5)
+    w.add_float32("pocket_agent.more_calls_bias", 2.0)
     for t in reader.tensors:
         w.add_tensor(t.name, np.array(t.data).reshape([int(d) for d in reversed(t.shape)]))
     w.write_header_to_file()
@@ -181,16 +182,22 @@ def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_cons
     assert max(abs(raw_base[k] - raw_tuned[k]) for k in raw_base) < 1e-4
     assert tuned._router.bias == CALL_BIAS
     on_while_generating: list[list[str]] = []
+    end_biases: list[float] = []
     real_stream = agent_module.stream_tokens
 
     def watched(model: Model, *args: Any, **kwargs: Any) -> Any:
         on_while_generating.append([a.path.name for a in model.loras if a.scale != 0.0])
+        end_biases.append(kwargs.get("end_bias", 0.0))
         return real_stream(model, *args, **kwargs)
 
     monkeypatch.setattr(agent_module, "stream_tokens", watched)
     step = Agent([add], model=smollm, adapter=path, tool_choice="required").step(task)
     assert on_while_generating == [["tools.gguf"]] and step.tool_calls
     assert all(a.scale == 0.0 for a in smollm.loras)
+    # a turn of calls goes on to another call as readily as the adapter records
+    Agent([add], model=smollm, adapter=calibrated, tool_choice="required").step(task)
+    Agent([add], model=smollm, adapter=calibrated, tool_choice="none").step(task)
+    assert end_biases == [0.0, -2.0, 0.0]
     step = Agent([add], model=smollm, adapter=calibrated).step(task)
     assert step.routing is not None and all(a.scale == 0.0 for a in smollm.loras)
     with pytest.raises(InvalidInputError, match="adapter must be"):
@@ -217,7 +224,11 @@ def test_answer_turns_and_agents_without_tools_run_on_the_base_weights(smollm: M
     from pocket_agent import Agent
 
     path = write_lora(tmp_path / "tools.gguf", "llama", layers=2, rank=4, seed=4)
-    assert find_shipped_adapter(smollm, "tools") is None  # opt-in for now (bench/bfcl.md)
+    shipped_tools = find_shipped_adapter(smollm, "tools")  # the default Agent's (bench/bfcl.md)
+    assert shipped_tools is not None
+    record = adapter_record(shipped_tools)
+    assert record["task"] == "tools" and "call_bias" not in record  # routed on the base weights
+    assert float(record["more_calls_bias"]) > 0
     base = _base_logits(smollm)
     seen: list[np.ndarray] = []
     import pocket_agent.tools.agent as agent_module
@@ -243,3 +254,13 @@ def test_answer_turns_and_agents_without_tools_run_on_the_base_weights(smollm: M
     assert np.abs(seen[1] - base).max() > 1e-2  # a call turn runs on the adapter
     np.testing.assert_array_equal(seen[2], base)
     assert all(a.scale == 0.0 for a in smollm.loras)
+
+
+def test_recorded_numbers_are_read_or_refused() -> None:
+    from pocket_agent.runtime.task_adapters import recorded_number
+
+    assert recorded_number({"call_bias": "1.5"}, "call_bias", "a.gguf") == 1.5
+    assert recorded_number({}, "more_calls_bias", "a.gguf") is None
+    for bad in ("lots", "nan", "inf"):
+        with pytest.raises(AdapterError, match="more_calls_bias must be a finite number"):
+            recorded_number({"more_calls_bias": bad}, "more_calls_bias", "a.gguf")

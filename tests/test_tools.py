@@ -457,3 +457,29 @@ def test_agent_validates_configuration() -> None:
         Agent(tools, call_threshold=2)
     agent = Agent(tools, tool_choice="lookup")  # constructing loads no model
     assert [s["function"]["name"] for s in agent.tool_specs()] == ["add", "lookup", "geometry.area_of_shape"]
+
+
+def test_a_turn_keeps_one_of_each_call() -> None:
+    """Calls that read the same once their arguments are chosen are one call: the repeat goes."""
+    from pocket_agent.tools.agent import without_repeated_calls
+    from pocket_agent.tools.routing import call_key
+
+    @tool
+    def weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:
+        """Weather in a city."""
+        return "sunny"
+
+    tools = {"weather": weather}
+
+    def block(city: str, unit: str, spaced: bool = False) -> str:
+        args = json.dumps({"city": city, "unit": unit}, indent=1 if spaced else None)
+        return f'<tool_call>\n{{"name": "weather", "arguments": {args}}}\n</tool_call>'
+
+    riga, oslo = block("Riga", "celsius"), block("Oslo", "celsius")
+    text = "\n".join([riga, block("Riga", "celsius", spaced=True), oslo])
+    assert without_repeated_calls(text, lambda body: call_key(body, tools)) == riga + "\n" + oslo
+    # a change of only a choice-valued argument adds nothing the user asked for
+    text = "\n".join([riga, block("Riga", "fahrenheit")])
+    assert without_repeated_calls(text, lambda body: call_key(body, tools)) == riga
+    assert without_repeated_calls(text, lambda body: None) == text  # verbatim: both differ
+    assert without_repeated_calls(riga + "\n" + oslo, lambda body: None) == riga + "\n" + oslo

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -62,6 +63,21 @@ def adapter_record(path: str | os.PathLike[str]) -> dict[str, str]:
     return {
         k[len(prefix) :]: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items() if k.startswith(prefix)
     }
+
+
+def recorded_number(record: Mapping[str, str], key: str, path: str | os.PathLike[str] | None) -> float | None:
+    """The finite number an adapter records under ``pocket_agent.<key>``, or ``None`` when it
+    records none (raises :class:`AdapterError` for anything else)."""
+    value = record.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise AdapterError(f"{path}: pocket_agent.{key} must be a finite number, got {value!r}; re-export the adapter.")
+    return number
 
 
 def find_shipped_adapter(model: Model, task: str) -> Path | None:

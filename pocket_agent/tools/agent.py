@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,7 +31,13 @@ from ..errors import GenerationError, InvalidInputError, MaxStepsExceeded, Outpu
 from ..generate import stream_tokens
 from ..options import Limits, Sampling, resolve_limits, resolve_sampling
 from ..runtime.prompt import encode_pieces
-from ..runtime.task_adapters import AdapterChoice, adapter_record, check_adapter_choice, task_adapter
+from ..runtime.task_adapters import (
+    AdapterChoice,
+    adapter_record,
+    check_adapter_choice,
+    recorded_number,
+    task_adapter,
+)
 from ..usage import Usage
 from .format import (
     CALL_CLOSE,
@@ -295,6 +302,7 @@ class Agent:
         self.grounded = grounded
         self._router = Router()
         self._route_on_base = False
+        self._more_calls_bias = 0.0
         self.tool_choice = check_tool_choice(tool_choice, self.tools)
         self._model_arg = model
         self._model: Model | None = None
@@ -333,8 +341,12 @@ class Agent:
         with self.model.lock, task_adapter(self.model, choice, "tools") as lora:
             path = lora.path if lora is not None else None
             if path != self._router_for:  # the routing constant belongs to the weights
-                bias = adapter_record(path).get("call_bias") if path is not None else None
-                self._router = Router(float(bias) if bias is not None else CALL_BIAS)
+                record = adapter_record(path) if path is not None else {}
+                bias = recorded_number(record, "call_bias", path)
+                self._router = Router(bias if bias is not None else CALL_BIAS)
+                # a tools LoRA trained on few parallel turns ends a turn after its first call
+                # more readily than the request asks; its recorded constant evens that out
+                self._more_calls_bias = recorded_number(record, "more_calls_bias", path) or 0.0
                 # CALL_BIAS belongs to the base weights: an adapter without its own constant
                 # is not routed on
                 self._route_on_base = path is not None and bias is None
@@ -510,7 +522,11 @@ class Agent:
         # the base weights (the adapter's only answers are refusals of irrelevant requests).
         weights = task_adapter(model, None, "tools") if tool_choice == "none" and self.tools else nullcontext()
         with weights:
-            gen = stream_tokens(model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage)
+            # a turn of calls only: how readily it goes on to another call belongs to the weights
+            end_bias = -self._more_calls_bias if tool_choice not in ("auto", "none") else 0.0
+            gen = stream_tokens(
+                model, ids, grammar=grammar, sampling=self.sampling, limits=self.limits, usage=usage, end_bias=end_bias
+            )
             try:
                 while True:
                     try:
@@ -548,6 +564,11 @@ class Agent:
         if user_text and CALL_OPEN in text and model.capabilities.probabilities:
             text = self._choose_argument_spans(ids, tokens, text, user_text)
             text = self._choose_argument_numbers(ids, tokens, text, user_text)
+        if CALL_OPEN in text:
+            # two calls written differently may read the same once their arguments are chosen
+            deduplicated = without_repeated_calls(text, self._call_key)
+            if deduplicated != text:
+                text, finish = deduplicated, "repeat"
         parsed = self._parse(text, index)
         final: Any = None
         if parsed.is_final:
@@ -824,6 +845,21 @@ class _RepeatWatcher:
             return len(self.text[:start].rstrip("\n"))
         self._seen.append(body)
         return None
+
+
+def without_repeated_calls(text: str, key: Callable[[str], str | None]) -> str:
+    """``text`` (a turn of calls) with every call that repeats an earlier one (by ``key``, else
+    verbatim) left out; the text itself when nothing repeats."""
+    blocks = list(re.finditer(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), text, re.DOTALL))
+    seen: set[str] = set()
+    kept: list[str] = []
+    for block in blocks:
+        body = " ".join(block.group(1).split())
+        ident = key(body) or body
+        if ident not in seen:
+            seen.add(ident)
+            kept.append(block.group(0))
+    return "\n".join(kept) if len(kept) < len(blocks) else text
 
 
 def _run_with_timeout(
