@@ -249,33 +249,38 @@ def machine_limit(model: Any = None, *, threads: int = 1, context: int = 512) ->
 # -- the actual model ----------------------------------------------------------------------------
 
 
+def model_speed(model: Any, prompt: list[int], repeats: int = 3, n_decode: int = 64) -> tuple[float, float]:
+    """Median plain ``Model.prefill`` tok/s on ``prompt`` and one-token ``Model.eval`` tok/s of a
+    loaded ``model`` (its cache is left empty)."""
+    import numpy as np
+
+    model.reset()
+    model.prefill(prompt)  # warm-up
+    pre, dec = [], []
+    for _ in range(repeats):
+        model.reset()
+        t0 = time.perf_counter()
+        logits = model.prefill(prompt).logits[-1]
+        pre.append(len(prompt) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for _ in range(n_decode):
+            logits = model.eval([int(np.argmax(logits))]).logits[-1]
+        dec.append(n_decode / (time.perf_counter() - t0))
+    model.reset()
+    return statistics.median(pre), statistics.median(dec)
+
+
 def measure_actual(
     threads: int, prompt: list[int] | None = None, repeats: int = 3, n_decode: int = 64
 ) -> dict[str, float]:
     """Plain ``Model.prefill`` and one-token ``Model.eval`` tok/s of the default model (median)."""
-    import numpy as np
-
     from pocket_agent.runtime import load_model
 
     model = load_model(threads=threads)
     try:
         toks = prompt if prompt is not None else receipt_prompt(model)
-        model.prefill(toks)  # warm-up
-        pre, dec = [], []
-        for _ in range(repeats):
-            model.reset()
-            t0 = time.perf_counter()
-            logits = model.prefill(toks).logits[-1]
-            pre.append(len(toks) / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            for _ in range(n_decode):
-                logits = model.eval([int(np.argmax(logits))]).logits[-1]
-            dec.append(n_decode / (time.perf_counter() - t0))
-        return {
-            "prompt_tokens": len(toks),
-            "prefill_tok_s": statistics.median(pre),
-            "decode_tok_s": statistics.median(dec),
-        }
+        prefill, decode = model_speed(model, toks, repeats, n_decode)
+        return {"prompt_tokens": len(toks), "prefill_tok_s": prefill, "decode_tok_s": decode}
     finally:
         model.close()
 

@@ -39,7 +39,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from _env import cpu_model, package_versions  # noqa: E402
 from extract import FIELDS, Result, load_docs, run_ours  # noqa: E402
-from limit import machine_limit, receipt_prompt  # noqa: E402
+from limit import machine_limit, model_speed, receipt_prompt  # noqa: E402
 
 OUT_DIR = BENCH / "out" / "mnn"
 PACKAGES = ("pocket-agent-mnn", "llama-cpp-python", "llguidance")
@@ -67,24 +67,6 @@ class Row:
 
 def tag(bits: int, block: int, head: int) -> str:
     return f"q{bits}b{block}/lm{head}"
-
-
-def speed(model: Any, prompt: list[int], repeats: int = 3, n_decode: int = 48) -> tuple[float, float]:
-    """Median plain prefill tok/s and one-token decode tok/s of ``model`` on ``prompt``."""
-    model.reset()
-    model.prefill(prompt)  # warm-up
-    pre, dec = [], []
-    for _ in range(repeats):
-        model.reset()
-        t0 = time.perf_counter()
-        logits = model.prefill(prompt).logits[-1]
-        pre.append(len(prompt) / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        for _ in range(n_decode):
-            logits = model.eval([int(np.argmax(logits))]).logits[-1]
-        dec.append(n_decode / (time.perf_counter() - t0))
-    model.reset()
-    return statistics.median(pre), statistics.median(dec)
 
 
 AGREEMENT_DOCS = 6
@@ -134,7 +116,7 @@ def run_child(name: str, docs: list[dict[str, Any]], threads: int, out: Path) ->
     model = load_model(config, threads=threads)
     try:
         res = run_ours(docs, model, f"MNN {tag(*recipe)}", adapter=None)
-        pre, dec = speed(model, receipt_prompt(model))
+        pre, dec = model_speed(model, receipt_prompt(model), n_decode=48)
         tops = top1(model, docs)
     finally:
         model.close()
@@ -167,9 +149,8 @@ def main() -> int:
     weights = Path(gguf.info.extra.get("weights", gguf.path))
     print("running gguf rows...", file=sys.stderr, flush=True)
     base = run_ours(docs, gguf, "GGUF, base weights (adapter=None)", adapter=None)
-    rows.append(
-        Row("GGUF (Q8_0 copy of the Q4_1 file), base weights", base, *speed(gguf, prompt), weights.stat().st_size)
-    )
+    pre, dec = model_speed(gguf, prompt, n_decode=48)
+    rows.append(Row("GGUF (Q8_0 copy of the Q4_1 file), base weights", base, pre, dec, weights.stat().st_size))
     gguf_top1 = top1(gguf, docs)
     rows[-1].extra["agreement"] = 1.0
     shipped = run_ours(docs, gguf, "GGUF, shipped extraction LoRA")
