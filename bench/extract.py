@@ -103,6 +103,13 @@ class Result:
         self.errors: list[str] = []
         self.grounded_compile_ms: list[float] = []  # per-document grounded grammar (ours)
         self.choose_ms: list[float] = []  # per-document choice of number fields (ours)
+        # prompt tokens evaluated / output tokens evaluated after the prompt, and their seconds
+        # (ours: timed around Model.prefill / Model.eval; llama-cpp-python: llama.cpp's own counters)
+        self.prefill_tokens = 0
+        self.prefill_s = 0.0
+        self.decode_tokens = 0
+        self.decode_s = 0.0
+        self.weights: Path | None = None  # the weight file(s) the row ran, for its limit
 
     def add(self, seconds: float, tokens: int, pred: dict[str, Any] | None, expected: dict[str, Any]) -> None:
         self.seconds.append(seconds)
@@ -116,6 +123,53 @@ class Result:
     def field_acc(self, f: str) -> float:
         return sum(m[f] for m in self.matches) / len(self.matches) if self.matches else 0.0
 
+    def prefill_tok_s(self) -> float | None:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s else None
+
+    def decode_tok_s(self) -> float | None:
+        return self.decode_tokens / self.decode_s if self.decode_s else None
+
+
+class EvalTimer:
+    """Times a loaded ``Model``'s evaluations: those inside ``prefill`` (the prompt) and the
+    rest (the output: sampled tokens and forced runs), by wrapping the two methods on the
+    instance until :meth:`close`."""
+
+    def __init__(self, model: Any, res: Result) -> None:
+        self.model, self.res = model, res
+        self._in_prefill = False
+        orig_eval, orig_prefill = model.eval, model.prefill
+
+        def timed_eval(tokens: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            out = orig_eval(tokens, **kw)
+            dt = time.perf_counter() - t0
+            if self._in_prefill:
+                res.prefill_tokens += len(tokens)
+                res.prefill_s += dt
+            else:
+                res.decode_tokens += len(tokens)
+                res.decode_s += dt
+            return out
+
+        def timed_prefill(tokens: Any, **kw: Any) -> Any:
+            self._in_prefill = True
+            try:
+                return orig_prefill(tokens, **kw)
+            finally:
+                self._in_prefill = False
+
+        model.eval, model.prefill = timed_eval, timed_prefill
+
+    def close(self) -> None:
+        del self.model.eval, self.model.prefill
+
+
+def weights_of(model: Any) -> Path:
+    """The file a loaded model runs: a GGUF (its re-laid-out copy where it runs one) or an MNN build's config."""
+    extra = getattr(getattr(model, "info", None), "extra", {}) or {}
+    return Path(extra.get("weights") or model.path)
+
 
 def run_ours(
     docs: list[dict[str, Any]],
@@ -128,10 +182,15 @@ def run_ours(
     from pocket_agent.runtime.task_adapters import task_adapter
 
     with task_adapter(model, adapter, "extract"):
-        return _run_ours(docs, model, label, choose)
+        res = Result(label)
+        timer = EvalTimer(model, res)
+        try:
+            return _run_ours(docs, model, res, choose)
+        finally:
+            timer.close()
 
 
-def _run_ours(docs: list[dict[str, Any]], model: Any, label: str, choose: bool) -> Result:
+def _run_ours(docs: list[dict[str, Any]], model: Any, res: Result, choose: bool) -> Result:
     from pocket_agent import Limits
     from pocket_agent.errors import PocketAgentError
     from pocket_agent.extraction import _prepare, _text_grammar, build_messages
@@ -139,7 +198,7 @@ def _run_ours(docs: list[dict[str, Any]], model: Any, label: str, choose: bool) 
     from pocket_agent.grammars import clear_cache
     from pocket_agent.grounding import DEFAULT_GROUNDING, choose_numbers, widen_words
 
-    res = Result(label)
+    res.weights = weights_of(model)
     clear_cache()
     t0 = time.perf_counter()
     limits = Limits(max_tokens=MAX_TOKENS)
@@ -183,11 +242,20 @@ def run_many(docs: list[dict[str, Any]], model: Any, batch: int) -> Result:
 
     res = Result(f"ours, extract_many(batch={batch})")
     model.reset()
+    # with batch > 1 the sampled tokens are evaluated in the lanes' context, outside Model.eval: not timed
+    timer = EvalTimer(model, res) if batch == 1 else None
     t0 = time.perf_counter()
-    outcomes = list(
-        extract_many([d["text"] for d in docs], Receipt, model=model, limits=Limits(max_tokens=MAX_TOKENS), batch=batch)
-    )
+    try:
+        outcomes = list(
+            extract_many(
+                [d["text"] for d in docs], Receipt, model=model, limits=Limits(max_tokens=MAX_TOKENS), batch=batch
+            )
+        )
+    finally:
+        if timer is not None:
+            timer.close()
     per_doc = (time.perf_counter() - t0) / len(docs)
+    res.weights = weights_of(model)
     for outcome, doc in zip(outcomes, docs, strict=True):
         pred = outcome.value.model_dump() if outcome.ok else None
         if not outcome.ok:
@@ -229,6 +297,25 @@ def _llama(threads: int, path: Path | None = None) -> Any:
     )
 
 
+class LlamaCounters:
+    """llama.cpp's own prompt / one-token evaluation counters of a ``llama_cpp.Llama``, added to a Result."""
+
+    def __init__(self, llm: Any, res: Result) -> None:
+        import llama_cpp
+
+        self.lc, self.ctx, self.res = llama_cpp, llm._ctx.ctx, res
+
+    def __enter__(self) -> None:
+        self.lc.llama_perf_context_reset(self.ctx)
+
+    def __exit__(self, *exc: object) -> None:
+        d = self.lc.llama_perf_context(self.ctx)
+        self.res.prefill_tokens += int(d.n_p_eval)
+        self.res.prefill_s += float(d.t_p_eval_ms) / 1000
+        self.res.decode_tokens += int(d.n_eval)
+        self.res.decode_s += float(d.t_eval_ms) / 1000
+
+
 def q8_0_copy_of(model: Any) -> Path:
     """The Q8_0 copy our runtime loaded for the default model (``pocket-agent info``: weights)."""
     return Path(model.info.extra["weights"])
@@ -242,19 +329,22 @@ def run_llama_cpp(
     label: str = "llama-cpp-python json_object+schema",
 ) -> Result:
     from pocket_agent.extraction import build_messages
+    from pocket_agent.runtime import default_model_path
 
     res = Result(label)
+    res.weights = path or default_model_path()
     llm = _llama(threads, path)
     schema = closed_schema()
     for doc in docs:
         messages = build_messages(doc["text"], schema)
         t0 = time.perf_counter()
-        out = llm.create_chat_completion(
-            messages=messages,  # type: ignore[arg-type]
-            response_format={"type": "json_object", "schema": schema},
-            temperature=0.0,
-            max_tokens=MAX_TOKENS,
-        )
+        with LlamaCounters(llm, res):
+            out = llm.create_chat_completion(
+                messages=messages,  # type: ignore[arg-type]
+                response_format={"type": "json_object", "schema": schema},
+                temperature=0.0,
+                max_tokens=MAX_TOKENS,
+            )
         dt = time.perf_counter() - t0
         text = out["choices"][0]["message"]["content"] or ""  # type: ignore[index]
         res.add(dt, int(out["usage"]["completion_tokens"]), parse_valid(text, schema), doc["expected"])  # type: ignore[index]
@@ -266,19 +356,51 @@ def run_outlines(docs: list[dict[str, Any]], threads: int, model: Any) -> Result
     import outlines
 
     from pocket_agent.extraction import build_messages
+    from pocket_agent.runtime import default_model_path
 
     res = Result("outlines (llama.cpp)")
+    res.weights = default_model_path()
     llm = _llama(threads)
     gen = outlines.Generator(outlines.from_llamacpp(llm), Receipt)
     schema = closed_schema()
     for doc in docs:
         prompt = model.chat_template.render(build_messages(doc["text"], schema), add_generation_prompt=True)
         t0 = time.perf_counter()
-        text = gen(prompt, max_tokens=MAX_TOKENS, temperature=0.0)
+        with LlamaCounters(llm, res):
+            text = gen(prompt, max_tokens=MAX_TOKENS, temperature=0.0)
         dt = time.perf_counter() - t0
         n_tok = len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
         res.add(dt, n_tok, parse_valid(text, schema), doc["expected"])
     return res
+
+
+def row_limits(results: dict[str, Result], context: int, threads: int) -> dict[str, tuple[float, float]]:
+    """Each row's prefill and decode ceilings (tok/s) from bench/limit.py for the weights it ran, with
+    attention and the K/V cache at ``context`` tokens. An MNN build's decode ceiling counts its own
+    weight bytes; its prefill ceiling is the GGUF's (the same multiply-adds). Measures the machine, so
+    call it after the contenders: torch's threads, once started, would compete with theirs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from limit import machine_limit
+
+    out: dict[str, tuple[float, float]] = {}
+    for name, r in results.items():
+        if r.weights is None:
+            continue
+        if r.weights.suffix == ".gguf":
+            lim = machine_limit(str(r.weights), threads=threads, context=context)
+            out[name] = (lim.prefill_tok_s, lim.decode_tok_s)
+        else:  # an MNN build: config.json beside llm.mnn and its weight file
+            lim = machine_limit(None, threads=threads, context=context)
+            weight_bytes = sum(f.stat().st_size for f in r.weights.parent.glob("llm.mnn*"))
+            kv_bytes = 2 * 2 * lim.cost.n_layer * lim.cost.n_kv_dim * context
+            out[name] = (lim.prefill_tok_s, lim.machine.read_gbs * 1e9 / (weight_bytes + kv_bytes))
+    return out
+
+
+def of_limit(value: float | None, limit: float | None, digits: int) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" + (f" ({value / limit:.0%})" if limit else "")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -352,16 +474,39 @@ def main() -> int:
             print(f"  {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     ours = results.get("ours")
+    from pocket_agent.extraction import build_messages
+    from pocket_agent.generate import render_prompt
+
+    prompts = [render_prompt(model, build_messages(d["text"], closed_schema())) for d in docs]
+    context = round(statistics.mean(len(ids) for ids in prompts))
+    try:
+        limits = row_limits(results, context, args.threads)
+    except Exception as exc:  # torch or gguf missing: the rows without their fraction of the limit
+        print(f"  no limits: {type(exc).__name__}: {exc}", file=sys.stderr)
+        limits = {}
     lines = [
-        "| contender | s/doc | output tok/s | parse+valid | company | date | address | total |",
-        "|---|---|---|---|---|---|---|---|",
+        "| contender | s/doc | output tok/s | prefill tok/s (of limit) | decode tok/s (of limit) | parse+valid "
+        "| company | date | address | total |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results.values():
+    for name, r in results.items():
+        pre_lim, dec_lim = limits.get(name, (None, None))
         lines.append(
             f"| {r.name} | {statistics.mean(r.seconds):.2f} | {f'{r.tps():.1f}' if sum(r.tokens) else '-'} | "
+            f"{of_limit(r.prefill_tok_s(), pre_lim, 0)} | {of_limit(r.decode_tok_s(), dec_lim, 1)} | "
             f"{sum(r.valid)}/{len(r.valid)} | " + " | ".join(f"{r.field_acc(f):.2f}" for f in FIELDS) + " |"
         )
     notes = []
+    if limits:
+        lim = next(iter(limits.values()))
+        notes.append(
+            f"- limits (bench/limit.py, this machine at {args.threads} thread(s), attention and K/V cache at the mean "
+            f"prompt of {context} tokens): prefill from int8 and f32 GEMM throughput, decode from read bandwidth over "
+            "the weight bytes of the row's own file (Q4_1 file, Q8_0 copy or MNN build). prefill: prompt tokens "
+            "evaluated (cached prefixes excluded) per second; decode: output tokens evaluated after the prompt per "
+            "second (sampled and forced; for llama-cpp-python peers llama.cpp's own counters of one-token "
+            f"evaluations). Example ceilings for the first row: {lim[0]:.0f} / {lim[1]:.0f} tok/s"
+        )
     if ours is not None:
         n_out = sum(ours.tokens)
         step = statistics.median(ours.decode_step_s) if ours.decode_step_s else float("nan")
@@ -416,7 +561,8 @@ def main() -> int:
 
         args.out.write_text(
             "# Extraction benchmark\n\n"
-            f"Generated by `python bench/extract.py --docs {args.docs} --threads {args.threads} --out {args.out}` "
+            f"Generated by `python bench/extract.py --docs {args.docs} --threads {args.threads} "
+            f"--only {' '.join(args.only)} --out {args.out}` "
             f"on {time.strftime('%Y-%m-%d')}.\n\n"
             f"- Machine: {machine()}; shared and noisy, so compare rows of one run.\n"
             f"- Python {platform.python_version()}; {', '.join(vers)}\n"

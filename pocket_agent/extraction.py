@@ -576,8 +576,9 @@ def extract_many(
     tokens per document; a longer one is extracted alone); prompts and forced runs are
     evaluated one document at a time, so every output equals one-by-one extraction.
     Everything after generation (number choice, widening, validation, retries) is as in
-    :func:`extract`. Measured on 40 SROIE receipts at 1 thread (Intel Xeon): 3.52 s/doc at
-    ``batch=4`` against 3.64 one at a time, so it stays opt-in (``bench/extract.md``). Backends without several
+    :func:`extract`. Measured on 40 SROIE receipts at 1 thread: 3.52 s/doc at ``batch=4``
+    against 3.64 one at a time on an Intel Xeon, 2.64 against 2.61 on an AMD EPYC, so it
+    stays opt-in (``bench/extract.md``). Backends without several
     sequences (MNN, Transformers) and a sampling with ``speculate`` extract one at a time.
     With ``batch > 1`` an outcome's ``seconds`` is the time from the document's start to
     its result, overlapping the others'.
