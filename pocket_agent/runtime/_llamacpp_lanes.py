@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from ..errors import BackendError
 from ._llamacpp_context import context_params
+from ._threads import ThreadGovernor
 from .base import common_prefix_length
 
 _HEADER = 8  # bytes before the stream count in a sequence state
@@ -47,6 +48,7 @@ class LaneContext:
         n_ctx: int,
         n_batch: int,
         threads: int,
+        adaptive_threads: bool,
         flash_attn: bool,
         n_vocab: int,
     ) -> None:
@@ -61,6 +63,8 @@ class LaneContext:
         self._ctx = lc.llama_init_from_model(model, cparams)
         if not self._ctx:
             raise BackendError("llama.cpp could not create the context for batched decoding.")
+        ctx = self._ctx
+        self._governor = ThreadGovernor(threads, lambda n: lc.llama_set_n_threads(ctx, n, n), adaptive=adaptive_threads)
         self._mem = lc.llama_get_memory(self._ctx)
         self._n_batch = n_batch
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
@@ -119,7 +123,7 @@ class LaneContext:
                 b.seq_id[i][0] = seq
                 b.logits[i] = 1 if out else 0
             b.n_tokens = len(chunk)
-            rc = lc.llama_decode(self._ctx, b)
+            rc = self._governor.run(len(chunk), lambda: lc.llama_decode(self._ctx, b))
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc} in the batched-decoding context.")
             for i, item in enumerate(chunk):

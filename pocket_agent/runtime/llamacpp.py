@@ -29,6 +29,7 @@ from ._cpu import cpu_flags, decide_extra_buffers, default_threads, extra_buffer
 from ._llamacpp_context import context_params
 from ._llamacpp_lanes import LANE_CTX, LaneContext
 from ._llamacpp_states import StateReader
+from ._threads import ThreadGovernor
 from .base import (
     Capabilities,
     EvalOutput,
@@ -109,8 +110,15 @@ class LlamaCppModel(Model):
         n_seq: int = DEFAULT_N_SEQ,
         flash_attn: bool = False,
         extra_buffers: bool | None = None,
+        adaptive_threads: bool = True,
     ) -> None:
         """Load ``path``.
+
+        ``threads`` is a ceiling: with ``adaptive_threads`` (the default) each evaluation
+        size (one token, a short run, a prompt) runs on 1 thread or on ``threads``, whichever
+        this machine has measured faster lately (:mod:`pocket_agent.runtime._threads`); the
+        outputs are the same either way. ``adaptive_threads=False`` always uses ``threads``,
+        and so does ``flash_attn=True`` (its one-token logits change with the thread count).
 
         ``extra_buffers``: let llama.cpp put weights in its extra buffer types (AMX,
         repacked layouts). ``None`` (the default) decides from the CPU: off where llama.cpp
@@ -161,6 +169,12 @@ class LlamaCppModel(Model):
             raise ModelLoadError(f"llama.cpp could not create a context for {p}: {_recent_errors()}")
         self._ctx = ctx
         self._flash_attn = flash_attn
+        # Flash attention splits a one-token step's keys across threads, so its logits depend
+        # on the thread count (by up to ~0.8 measured): the count stays fixed there.
+        self._adaptive_threads = adaptive_threads and not flash_attn
+        self._governor = ThreadGovernor(
+            threads, lambda n: lc.llama_set_n_threads(ctx, n, n), adaptive=self._adaptive_threads
+        )
         self._mem = lc.llama_get_memory(ctx)
         self._embeddings_on = False
         self._threads = threads
@@ -186,7 +200,7 @@ class LlamaCppModel(Model):
             file_size=p.stat().st_size,
             chat_template_source="",
             extra={
-                "threads": str(threads),
+                "threads": f"{threads} (adaptive)" if self._governor.adaptive else str(threads),
                 "quantization": self._file_type(),
                 "extra buffers": buffers.reason,
             },
@@ -294,7 +308,7 @@ class LlamaCppModel(Model):
             b.seq_id[i][0] = seq
             b.logits[i] = 1 if out else 0
         b.n_tokens = len(items)
-        rc = self._lc.llama_decode(self._ctx, b)
+        rc = self._governor.run(len(items), lambda: self._lc.llama_decode(self._ctx, b))
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}: {_recent_errors()}")
 
@@ -398,6 +412,7 @@ class LlamaCppModel(Model):
                 n_ctx=min(LANE_CTX, self.n_ctx),
                 n_batch=self._n_batch,
                 threads=self._threads,
+                adaptive_threads=self._adaptive_threads,
                 flash_attn=self._flash_attn,
                 n_vocab=self._n_vocab_logits,
             )

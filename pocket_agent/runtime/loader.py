@@ -127,13 +127,15 @@ def load_model(
             prompts about twice as fast with the same outputs; ``"q8_0"`` does that for any
             4/5-bit GGUF; ``"original"`` loads files as they are. Default:
             ``$POCKET_AGENT_LAYOUT``, else ``"auto"``.
-        backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn`` and
-            ``extra_buffers`` for llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
+        backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn``,
+            ``extra_buffers`` and ``adaptive_threads`` for llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
             ``extra_buffers=False`` keeps GGUF weights out of llama.cpp's extra buffer types
             (AMX, repacked layouts); the default decides from the CPU and turns them off
             where llama.cpp would use Intel AMX, which crashes on prompts
             (``$POCKET_AGENT_EXTRA_BUFFERS=1|0|auto`` sets it for every load). Transformers
             takes ``n_batch`` and ``cache_dir`` (where a GGUF's conversion is kept).
+            ``adaptive_threads`` (default on) treats ``threads`` as a ceiling and runs each
+            evaluation size on 1 thread or ``threads``, whichever measures faster here.
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")
