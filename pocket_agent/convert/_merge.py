@@ -1,0 +1,109 @@
+"""Merge a GGUF LoRA into a Hugging Face checkpoint's weights.
+
+For a backend that cannot apply our LoRAs at run time: MNN takes only its own split LoRA
+format, whose export leaves out ``v_proj`` (which the shipped extraction adapter adapts).
+The merged checkpoint is an ordinary one: :func:`pocket_agent.convert.convert_to_mnn` turns
+it into a build that runs the adapted model with nothing applied at run time.
+
+The delta is exactly what llama.cpp adds at run time (``alpha / r * B A``, q/k rows
+un-permuted for llama, :mod:`pocket_agent.runtime._hf_lora`), added in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pocket_agent.errors import AdapterError, ConversionError
+
+_SOURCE_FILE = "pocket_agent_source.json"  # written by the GGUF -> transformers step
+
+
+def _architecture(checkpoint: Path, config: dict[str, Any]) -> str:
+    """The GGUF architecture name the LoRA must be for (``llama`` for SmolLM2)."""
+    source = checkpoint / _SOURCE_FILE
+    if source.is_file():
+        arch = json.loads(source.read_text(encoding="utf-8")).get("architecture")
+        if isinstance(arch, str) and arch:
+            return arch
+    return str(config.get("model_type", ""))
+
+
+def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path, *, scale: float = 1.0) -> Path:
+    """Write ``checkpoint`` to ``output_dir`` with a GGUF LoRA merged into its weights.
+
+    Args:
+        checkpoint: a Hugging Face folder (``config.json`` and ``*.safetensors``), e.g. from
+            :func:`pocket_agent.convert.hf_checkpoint`.
+        lora: a GGUF LoRA file for the same architecture and shapes.
+        output_dir: a folder that does not exist yet.
+        scale: the adapter's scale, as ``load_lora(path, scale=...)`` takes it.
+
+    Returns:
+        ``output_dir``.
+
+    Raises:
+        AdapterError: the LoRA is not a GGUF LoRA for this checkpoint.
+        ConversionError: ``checkpoint`` is not a checkpoint folder, or ``output_dir`` exists.
+    """
+    from safetensors.numpy import load_file, save_file
+
+    from pocket_agent.runtime._hf_lora import read_gguf_lora
+
+    src = Path(checkpoint).expanduser().resolve()
+    out = Path(output_dir).expanduser().resolve()
+    shards = sorted(src.glob("*.safetensors"))
+    if not (src / "config.json").is_file() or not shards:
+        raise ConversionError(f"{src} is not a Hugging Face checkpoint folder (config.json and *.safetensors).")
+    if out.exists():
+        raise ConversionError(f"{out} already exists; merge_lora writes a new folder.")
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shards:
+        for name, array in load_file(shard).items():
+            shapes[name] = tuple(array.shape)
+
+    def module(qualified: str) -> Any:
+        shape = shapes.get(f"model.layers.{qualified}.weight")
+        if shape is None or len(shape) != 2:
+            return None
+        import torch
+
+        return SimpleNamespace(out_features=shape[0], in_features=shape[1], weight=SimpleNamespace(dtype=torch.float32))
+
+    n_head = int(config.get("num_attention_heads", 0) or 0)
+    weights = read_gguf_lora(
+        Path(lora),
+        architecture=_architecture(src, config),
+        n_head=n_head,
+        n_head_kv=int(config.get("num_key_value_heads", n_head) or n_head),
+        module=module,
+    )
+    staging = out.with_name(f".{out.name}.merging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.copytree(src, staging, ignore=shutil.ignore_patterns("*.safetensors"))
+    merged = 0
+    try:
+        for shard in shards:
+            tensors = load_file(shard)
+            for qualified, (a, b, factor) in weights.factors.items():
+                key = f"model.layers.{qualified}.weight"
+                if key in tensors:
+                    w = tensors[key]
+                    delta = (scale * factor) * (b.float().numpy() @ a.float().numpy())
+                    tensors[key] = (w.astype(np.float32) + delta).astype(w.dtype)
+                    merged += 1
+            save_file(tensors, str(staging / shard.name), metadata={"format": "pt"})
+        if merged != len(weights.factors):
+            raise AdapterError(f"{lora}: merged {merged} of {len(weights.factors)} adapted weights into {src}.")
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
