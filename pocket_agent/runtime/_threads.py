@@ -9,12 +9,13 @@ decode 26 tok/s on 2 threads against 63 on 1, prefill 120 against 250).
 
 :class:`ThreadGovernor` therefore treats the model's ``threads`` as a ceiling: for each
 evaluation size (one token, a short run, a prompt) it keeps a moving average of seconds per
-token on 1 thread and on ``threads``, runs the faster, and now and then tries the other
-again, more rarely each time it loses, so a change in the machine's load is noticed within
-a few hundred evaluations. Without flash attention the arithmetic does not depend on the
-thread count (llama.cpp splits rows, not reductions), so the choice changes speed only, never
-the output; with it, a one-token step splits its keys across threads and the backend keeps
-the count fixed.
+token on 1 thread and on ``threads``, runs ``threads`` unless 1 thread is clearly faster
+(by 10%: a second thread's modest gain is noisy, a collapse is several times slower), and
+now and then tries the other again, more rarely each time it loses, so a change in the
+machine's load is noticed within a few hundred evaluations. Without flash attention the
+arithmetic does not depend on the thread count (llama.cpp splits rows, not reductions), so the
+choice changes speed only, never the output; with it, a one-token step splits its keys across
+threads and the backend keeps the count fixed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SIZE_CLASSES = (1, 8, 64)
 anything longer is a prompt."""
 
 _EMA_WEIGHT = 0.3
+_PREFER_CEILING = 0.1  # 1 thread must be this much faster per token to be chosen
 _FIRST_RETRY = 8
 _LONGEST_RETRY = 256
 
@@ -48,6 +50,7 @@ class _ClassState:
     """What one size class has measured: seconds per token for each candidate thread count."""
 
     per_token: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, int] = field(default_factory=dict)
     chosen: int = 0
     since_retry: int = 0
     retry_after: int = _FIRST_RETRY
@@ -99,30 +102,43 @@ class ThreadGovernor:
         return 1 if n == self.threads else self.threads
 
     def _pick(self, state: _ClassState) -> int:
-        if len(state.per_token) < 2:  # measure both candidates first, the ceiling before 1
-            return self.threads if self.threads not in state.per_token else 1
+        # measure both candidates first: the ceiling twice (its first run pays for warming
+        # up: buffers, the thread team), then 1 thread
+        if state.samples.get(self.threads, 0) < 2:
+            return self.threads
+        if state.samples.get(1, 0) < 1:
+            return 1
         if state.since_retry >= state.retry_after:
             return self._other(state.chosen)
         return state.chosen
 
+    def _better(self, state: _ClassState) -> int:
+        """1 thread only when it is clearly faster: a modest second-thread gain is real but
+        noisy, and a collapse is several times slower, far past the margin."""
+        one, ceiling = state.per_token[1], state.per_token[self.threads]
+        return 1 if one < (1.0 - _PREFER_CEILING) * ceiling else self.threads
+
     def _record(self, state: _ClassState, n: int, seconds_per_token: float) -> None:
-        retry = len(state.per_token) == 2 and n != state.chosen and state.since_retry >= state.retry_after
+        measured = len(state.per_token) == 2 and state.samples.get(self.threads, 0) >= 2
+        retry = measured and n != state.chosen and state.since_retry >= state.retry_after
+        count = state.samples.get(n, 0)
+        state.samples[n] = count + 1
         old = state.per_token.get(n)
-        if old is None or retry:  # a retry's estimate is stale: the fresh time replaces it
-            state.per_token[n] = seconds_per_token
+        if old is None or retry or (count == 1 and n == self.threads):
+            state.per_token[n] = seconds_per_token  # first, stale (a retry's) or warm-up-tainted
         else:
             state.per_token[n] = old + _EMA_WEIGHT * (seconds_per_token - old)
-        if len(state.per_token) < 2:
+        if len(state.per_token) < 2 or state.samples.get(self.threads, 0) < 2:
             return
+        best = self._better(state)
         if retry:
             state.since_retry = 0
-            if state.per_token[n] < state.per_token[state.chosen]:
-                state.chosen = n
+            if best != state.chosen:
+                state.chosen = best
                 state.retry_after = _FIRST_RETRY
             else:
                 state.retry_after = min(2 * state.retry_after, _LONGEST_RETRY)
             return
-        best = min(state.per_token, key=lambda k: state.per_token[k])
         if best != state.chosen:
             state.chosen = best
             state.retry_after = _FIRST_RETRY

@@ -115,8 +115,8 @@ class LlamaCppModel(Model):
         """Load ``path``.
 
         ``threads`` is a ceiling: with ``adaptive_threads`` (the default) each evaluation
-        size (one token, a short run, a prompt) runs on 1 thread or on ``threads``, whichever
-        this machine has measured faster lately (:mod:`pocket_agent.runtime._threads`); the
+        size (one token, a short run, a prompt) runs on ``threads`` unless 1 thread has
+        measured clearly faster lately (:mod:`pocket_agent.runtime._threads`); the
         outputs are the same either way. ``adaptive_threads=False`` always uses ``threads``,
         and so does ``flash_attn=True`` (its one-token logits change with the thread count).
 

@@ -135,7 +135,7 @@ def load_model(
             (``$POCKET_AGENT_EXTRA_BUFFERS=1|0|auto`` sets it for every load). Transformers
             takes ``n_batch`` and ``cache_dir`` (where a GGUF's conversion is kept).
             ``adaptive_threads`` (default on) treats ``threads`` as a ceiling and runs each
-            evaluation size on 1 thread or ``threads``, whichever measures faster here.
+            evaluation size on ``threads`` unless 1 thread measures clearly faster here.
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")
