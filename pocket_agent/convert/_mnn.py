@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pocket_agent.convert._merge import merge_lora
 from pocket_agent.errors import ConversionError, InvalidInputError, PocketAgentError
 from pocket_agent.runtime._files import OFFLINE_ENV, log_tail, missing_modules
 from pocket_agent.runtime.gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
@@ -358,6 +359,7 @@ def convert_to_mnn(
     lm_quant_bit: int | None = None,
     overwrite: bool = False,
     timeout: float | None = None,
+    lora: str | Path | None = None,
 ) -> Path:
     """Convert a ``.gguf`` file or a Hugging Face model folder into an MNN LLM build.
 
@@ -375,6 +377,11 @@ def convert_to_mnn(
             8 keeps small models' answers intact at 4-bit bodies (see the README).
         overwrite: replace an existing build in ``output_dir`` (only build files are touched).
         timeout: seconds allowed for each subprocess step, ``None`` for no limit.
+        lora: a GGUF LoRA (e.g. from ``pocket-agent tune``) to merge into the weights
+            before quantising (:func:`pocket_agent.convert.merge_lora`); MNN cannot apply
+            it at run time. Its changes are small against 4-bit steps: use ``quant_bit=8``
+            (per channel, ``quant_block=0``, kept SmolLM2's extraction adapter whole where
+            4 bits lost it).
 
     Returns:
         The path of the build's ``config.json`` (pass it to ``MNN.llm.create``).
@@ -383,6 +390,7 @@ def convert_to_mnn(
         ConversionError: missing source, not a model, unsupported architecture, missing
             conversion dependencies, or a failed export (the message ends with the log tail).
         InvalidInputError: invalid quantisation settings.
+        AdapterError: ``lora`` is not a GGUF LoRA for this model.
     """
     if quant_bit not in (4, 8):
         raise InvalidInputError(f"quant_bit must be 4 or 8, got {quant_bit!r}")
@@ -396,6 +404,8 @@ def convert_to_mnn(
     ):
         raise InvalidInputError(f"quant_block must be 0, a power of two or None, got {quant_block!r}")
 
+    if lora is not None and not Path(lora).is_file():
+        raise InvalidInputError(f"LoRA file not found: {lora}")
     src = Path(source).expanduser().resolve()
     out = Path(output_dir).expanduser().resolve()
     kind, template = _inspect_source(src)
@@ -434,6 +444,8 @@ def convert_to_mnn(
                     raise ConversionError(
                         f"reading {src} with transformers failed (exit {rc}); log {log_path}, tail:\n{_tail(log_path)}"
                     )
+            if lora is not None:
+                hf_dir = merge_lora(hf_dir, lora, work / "merged")
             build = work / "mnn"
             cmd = [
                 sys.executable,
@@ -492,6 +504,12 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
         dest="lm_quant_bit",
         help="bits of the output head (default: --quant-bit)",
     )
+    parser.add_argument(
+        "--lora",
+        default=None,
+        help="a GGUF LoRA to merge into the weights first (MNN cannot apply it at run time; "
+        "use --quant-bit 8 --quant-block 0 to keep its changes)",
+    )
     parser.add_argument("-o", "--output", required=True, help="output folder of the MNN build")
     parser.add_argument("--overwrite", action="store_true", help="replace a build already in the output folder")
 
@@ -514,6 +532,7 @@ def main_convert(args: argparse.Namespace) -> int:
             quant_block=getattr(args, "quant_block", None),
             lm_quant_bit=getattr(args, "lm_quant_bit", None),
             overwrite=bool(getattr(args, "overwrite", False)),
+            lora=getattr(args, "lora", None),
         )
     except PocketAgentError as exc:
         print(f"pocket-agent convert: {exc}", file=sys.stderr)
