@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +99,10 @@ def ensure_default_mnn(cache_dir: str | Path | None = None, *, task: str | None 
     digest = sha256_file(gguf)
     base = {"source_sha256": digest, "source_file": DEFAULT_GGUF_FILE}
     if task is None:
-        return _ensure_build(root, DEFAULT_MODEL_NAME, {**base, **DEFAULT_RECIPE}, _convert_default(gguf))
+        return _ensure_build(root, DEFAULT_MODEL_NAME, {**base, **DEFAULT_RECIPE}, gguf, DEFAULT_RECIPE)
     adapter = _shipped_adapter(gguf, task)
     wanted = {**base, **TASK_RECIPE, "task": task, "adapter_file": adapter.name, "adapter_sha256": sha256_file(adapter)}
-    return _ensure_build(root, TASK_MODEL_NAME.format(task=task), wanted, _convert_merged(gguf, adapter))
+    return _ensure_build(root, TASK_MODEL_NAME.format(task=task), wanted, gguf, TASK_RECIPE, lora=adapter)
 
 
 def _shipped_adapter(gguf: Path, task: str) -> Path:
@@ -120,35 +119,11 @@ def _shipped_adapter(gguf: Path, task: str) -> Path:
     return found
 
 
-def _convert_default(gguf: Path) -> Callable[[Path], None]:
-    def build(staging: Path) -> None:
-        convert_to_mnn(
-            gguf,
-            staging,
-            quant_bit=int(DEFAULT_RECIPE["quant_bit"]),
-            quant_block=int(DEFAULT_RECIPE["quant_block"]),
-            lm_quant_bit=int(DEFAULT_RECIPE["lm_quant_bit"]),
-        )
-
-    return build
-
-
-def _convert_merged(gguf: Path, adapter: Path) -> Callable[[Path], None]:
-    def build(staging: Path) -> None:
-        convert_to_mnn(
-            gguf,
-            staging,
-            quant_bit=int(TASK_RECIPE["quant_bit"]),
-            quant_block=int(TASK_RECIPE["quant_block"]),
-            lm_quant_bit=int(TASK_RECIPE["lm_quant_bit"]),
-            lora=adapter,
-        )
-
-    return build
-
-
-def _ensure_build(root: Path, name: str, wanted: dict[str, Any], convert: Callable[[Path], None]) -> Path:
-    """``<root>/<name>/config.json``, built by ``convert(staging)`` unless its stamp records ``wanted``."""
+def _ensure_build(
+    root: Path, name: str, wanted: dict[str, Any], gguf: Path, recipe: dict[str, Any], *, lora: Path | None = None
+) -> Path:
+    """``<root>/<name>/config.json``, converted from ``gguf`` by ``recipe`` (``lora`` merged in)
+    unless its stamp records ``wanted``."""
     build = root / name
 
     def current() -> bool:
@@ -168,7 +143,14 @@ def _ensure_build(root: Path, name: str, wanted: dict[str, Any], convert: Callab
             shutil.rmtree(staging)
         started = time.monotonic()
         try:
-            convert(staging)
+            convert_to_mnn(
+                gguf,
+                staging,
+                quant_bit=int(recipe["quant_bit"]),
+                quant_block=int(recipe["quant_block"]),
+                lm_quant_bit=int(recipe["lm_quant_bit"]),
+                lora=lora,
+            )
             stamp = {**wanted, "build_seconds": round(time.monotonic() - started, 1)}
             (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
             if build.exists():

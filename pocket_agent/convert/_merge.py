@@ -51,6 +51,7 @@ def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path,
         AdapterError: the LoRA is not a GGUF LoRA for this checkpoint.
         ConversionError: ``checkpoint`` is not a checkpoint folder, or ``output_dir`` exists.
     """
+    from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
     from pocket_agent.runtime._hf_lora import read_gguf_lora
@@ -64,9 +65,10 @@ def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path,
         raise ConversionError(f"{out} already exists; merge_lora writes a new folder.")
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     shapes: dict[str, tuple[int, ...]] = {}
-    for shard in shards:
-        for name, array in load_file(shard).items():
-            shapes[name] = tuple(array.shape)
+    for shard in shards:  # shapes from the headers: the tensors are read once, below
+        with safe_open(str(shard), "np") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
 
     def module(qualified: str) -> Any:
         shape = shapes.get(f"model.layers.{qualified}.weight")
