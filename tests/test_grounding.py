@@ -21,8 +21,10 @@ from pocket_agent import extract, extract_many, extract_stream
 from pocket_agent.errors import InvalidInputError
 from pocket_agent.grammars import Lark, compile_grammar
 from pocket_agent.grammars.grounding import (
+    date_options,
     grounded_grammar,
     grounded_values,
+    holds_date,
     is_grounded,
     normalize_space,
     number_options,
@@ -72,6 +74,78 @@ def test_nothing_grounded_means_no_special_grammar() -> None:
     schema = {"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "additionalProperties": False}
     assert grounded_grammar(schema, "some text") is None
     assert grounded_grammar(_schema(), "   ") is None
+
+
+def test_date_options_are_the_printed_dates_without_times_or_phone_numbers() -> None:
+    doc = (
+        "Tel 03-3279 1851, ref 13/13/2018, v1.2.30\nDATE: 25/12/2018 8:13:39 PM\npaid 2018-12-26 10:00;"
+        " due Dec. 5th, 2019 or 05 MAR\n 2018, 30-dec-17, 2018年12月25日下午, again 25/12/2018"
+    )
+    assert date_options(doc) == [
+        "25/12/2018",
+        "2018-12-26",
+        "Dec. 5th, 2019",
+        "05 MAR 2018",
+        "30-dec-17",
+        "2018年12月25日",
+    ]
+    assert date_options("TOTAL 12.50 QTY 3 TEL 016-7867868") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "node", "holds"),
+    [
+        ("date", {}, True),
+        ("invoice_date", {}, True),
+        ("dueDate", {}, True),
+        ("开票日期", {}, True),
+        ("when", {"title": "Date of birth"}, True),
+        ("when", {"x-grounded": "date"}, True),
+        ("date", {"x-grounded": "span"}, False),
+        ("update", {}, False),
+        ("candidate", {}, False),
+        (None, {}, False),
+    ],
+)
+def test_which_strings_hold_dates(name: str | None, node: dict[str, Any], holds: bool) -> None:
+    assert holds_date(name, node) is holds
+
+
+def test_a_date_field_is_narrowed_to_the_printed_dates(smollm: Model) -> None:
+    doc = "SHOP 12 Main St\nDATE: 25/12/2018 8:13 PM\nTEL 03-3279 1851\nprinted 2018-12-26"
+
+    def grammar(node: dict[str, Any], name: str = "date") -> Any:
+        schema = {"type": "object", "properties": {name: node}, "required": [name], "additionalProperties": False}
+        return compile_grammar(Lark(grounded_grammar(schema, doc) or ""), smollm)
+
+    def accepts(g: Any, name: str, value: str) -> bool:
+        return bool(g.accepts_text(json.dumps({name: value}, separators=(",", ":"))))
+
+    dated = grammar({"type": "string"})
+    assert accepts(dated, "date", "25/12/2018") and accepts(dated, "date", "2018-12-26")
+    for wrong in ("25/12/2018 8:13 PM", "8:13", "03-3279 1851", "SHOP 12 Main St"):
+        assert not accepts(dated, "date", wrong)
+    assert not accepts(grammar({"type": "string", "maxLength": 8}), "date", "25/12/2018")  # none fits: refused
+    plain = grammar({"type": "string", "x-grounded": "span"})
+    assert accepts(plain, "date", "25/12/2018 8:13 PM") and accepts(plain, "date", "SHOP 12")
+    named_other = grammar({"type": "string"}, name="shop")
+    assert accepts(named_other, "shop", "SHOP 12 Main St")
+    # a document that prints no date keeps the plain span
+    undated = {"type": "object", "properties": {"date": {"type": "string"}}, "additionalProperties": False}
+    g = compile_grammar(Lark(grounded_grammar(undated, "see you next Friday") or ""), smollm)
+    assert accepts(g, "date", "next Friday")
+
+
+def test_extract_copies_the_printed_date_on_the_default_model(smollm: Model) -> None:
+    class Receipt(BaseModel):
+        shop: str
+        date: str = Field(description="the date of the receipt")
+        dates_seen: list[str] = Field(default_factory=list, max_length=2)
+
+    doc = "KEDAI RUNCIT ALI\nNO. 5 JALAN SAGU\n25/12/2018 8:13:39 PM\nCASHIER 12\nTEL 016-7867868\nTOTAL 9.00"
+    out = extract(doc, Receipt, model=smollm, max_tokens=96)
+    assert out.date == "25/12/2018"  # the only date printed, without its time
+    assert all(d == "25/12/2018" for d in out.dates_seen)
 
 
 WORDS = st.lists(

@@ -15,6 +15,12 @@ Which values are grounded (:func:`is_grounded`):
   it says ``"x-grounded": true``;
 * ``"x-grounded": true`` on a string with a ``pattern``/``format`` is ignored (the two
   constraints are not combined);
+* a grounded string that holds a date (its property name or ``title`` has the word
+  "date", as in ``date``, ``invoice_date``, ``dueDate``, ``日期``; or it says
+  ``"x-grounded": "date"``) is narrowed to the dates the source prints
+  (:func:`date_options`: ``25/12/2018``, ``2018-12-25``, ``05 MAR 2018``, ``Dec 5, 2018``,
+  ``2018年12月25日``), written as printed and without a time of day; a source that prints
+  none keeps the plain span, and ``"x-grounded": "span"`` keeps the plain span always;
 * a string ``enum`` whose values the source names (:func:`names_value`: whole words, any
   case, or a word of four letters or more that begins the value, "fahr" for
   ``fahrenheit``) is narrowed to the named values when it names some but not all;
@@ -46,7 +52,12 @@ from dataclasses import dataclass
 from typing import Any
 
 GROUNDED_KEY = "x-grounded"
-"""Schema keyword that switches grounding on (``true``) or off (``false``) for a value."""
+"""Schema keyword that switches grounding on (``true``) or off (``false``) for a value, or
+names the kind of span a string holds (``"date"``, ``"span"``: see :data:`SPAN_KINDS`)."""
+
+SPAN_KINDS = ("date", "span")
+"""String values of :data:`GROUNDED_KEY`: ``"date"`` narrows a grounded string to the dates
+the source prints, ``"span"`` keeps any span even for a field named like a date."""
 
 _UNGROUNDABLE = ("enum", "const", "pattern", "format")
 _CHUNK = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
@@ -151,6 +162,75 @@ def states_number(text: str) -> bool:
     return bool(re.search(r"\d", text) or _NUMBER_WORDS.search(text) or _CJK_NUMERALS.search(text))
 
 
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+)
+_ORDINAL = r"(?:st|nd|rd|th)?"
+_LATIN_EDGES = (r"(?<![\w./-])", r"(?![\w/]|[.-]\d)")
+_DAY_MONTH_YEAR = re.compile(r"(\d{1,2})([/.-])(\d{1,2})\2(\d{4}|\d{2})")
+_YEAR_MONTH_DAY = re.compile(r"(\d{4})([/.-])(\d{1,2})\2(\d{1,2})")
+_DATE_SHAPES = [
+    re.compile(_LATIN_EDGES[0] + body + _LATIN_EDGES[1], re.IGNORECASE)
+    for body in (
+        _DAY_MONTH_YEAR.pattern,
+        _YEAR_MONTH_DAY.pattern,
+        rf"\d{{1,2}}{_ORDINAL}[ -]?{_MONTH}[ ,-]{{0,2}}(?:\d{{4}}|\d{{2}})",
+        rf"{_MONTH} ?\d{{1,2}}{_ORDINAL},? ?\d{{4}}",
+    )
+]
+_CJK_DATE = re.compile(r"(?<!\d)\d{4} ?年 ?\d{1,2} ?月 ?\d{1,2} ?[日号]")
+_MAX_DAY, _MAX_MONTH = 31, 12
+
+
+def _plausible_date(text: str) -> bool:
+    """Whether an all-digit date's day and month are in range (``25/12/2018``: day 25,
+    month 12; either order, as day-first and month-first both occur)."""
+    m = _DAY_MONTH_YEAR.fullmatch(text)
+    if m:
+        a, b = int(m.group(1)), int(m.group(3))
+        return 1 <= min(a, b) <= _MAX_MONTH and max(a, b) <= _MAX_DAY
+    m = _YEAR_MONTH_DAY.fullmatch(text)
+    if m:
+        return 1 <= int(m.group(3)) <= _MAX_MONTH and 1 <= int(m.group(4)) <= _MAX_DAY
+    return True
+
+
+def date_options(text: str) -> list[str]:
+    """The dates printed in ``text`` (whitespace read as single spaces), as printed, in
+    order of first appearance: day/month/year and year/month/day with ``/``, ``.`` or ``-``,
+    day and month name (``05 MAR 2018``, ``30 DEC 17``), month name and day (``Dec 5,
+    2018``) and ``2018年12月25日``. A time after the date is not part of it; numbers out of
+    a day's or month's range (phone or reference numbers) are not dates."""
+    flat = normalize_space(text)
+    found: list[tuple[int, str]] = []
+    for shape in (*_DATE_SHAPES, _CJK_DATE):
+        found.extend((m.start(), m.group(0)) for m in shape.finditer(flat) if _plausible_date(m.group(0)))
+    seen: dict[str, None] = {}
+    for _, value in sorted(found):
+        seen.setdefault(value, None)
+    return list(seen)
+
+
+_DATE_WORDS = frozenset({"date", "dates", "dated"})
+
+
+def _name_words(name: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return [w.lower() for w in re.split(r"[^0-9A-Za-z]+", spaced) if w]
+
+
+def holds_date(name: str | None, node: Mapping[str, Any]) -> bool:
+    """Whether a grounded string holds a date: ``"x-grounded": "date"``, or (unless it says
+    ``"x-grounded": "span"``) its property name or ``title`` has the word "date" ("dates",
+    "dated") or ``日期``."""
+    flag = node.get(GROUNDED_KEY)
+    if flag in SPAN_KINDS:
+        return bool(flag == "date")
+    labels = [x for x in (name, node.get("title")) if isinstance(x, str)]
+    return any(_DATE_WORDS & set(_name_words(x)) or "日期" in x for x in labels)
+
+
 def in_bounds(value: float, node: Mapping[str, Any]) -> bool:
     """Whether ``value`` meets the schema's ``minimum``/``maximum``/``exclusive*``/``multipleOf``."""
     lo, hi = node.get("minimum"), node.get("maximum")
@@ -189,7 +269,7 @@ def is_grounded(node: Mapping[str, Any], *, strings: bool = True, numbers: bool 
     if len(types) != 1 or any(k in node for k in _UNGROUNDABLE):
         return False
     if types == {"string"}:
-        return strings or flag is True
+        return strings or flag is True or flag in SPAN_KINDS
     if types & {"number", "integer"}:
         return numbers or flag is True
     return False
@@ -283,6 +363,19 @@ class _Builder:
         self.terminals[key] = name
         return name
 
+    def date_rule(self, node: Mapping[str, Any]) -> str | None:
+        lo, hi = node.get("minLength"), node.get("maxLength")
+        opts = [
+            d
+            for d in date_options(self.text)
+            if not (isinstance(lo, int) and len(d) < lo) and not (isinstance(hi, int) and len(d) > hi)
+        ]
+        if not opts:
+            return None
+        name = self.name("date")
+        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(d, ensure_ascii=False)) for d in opts))
+        return name
+
     def number_rule(self, node: Mapping[str, Any]) -> str | None:
         integer = "integer" in _types(node)
         opts = [o for o in number_options(self.text, integer=integer) if in_bounds(float(o), node)]
@@ -294,17 +387,18 @@ class _Builder:
 
     # -- structure ---------------------------------------------------------------------------
 
-    def value(self, raw: Mapping[str, Any]) -> str | None:
+    def value(self, raw: Mapping[str, Any], key: str | None = None) -> str | None:
+        """The rule for a value; ``key`` is the property name that holds it, if any."""
         ref = raw.get("$ref")
         if isinstance(ref, str):
             if ref in self._active:  # recursive schema: keep the rest as plain JSON
                 return None
             self._active.add(ref)
             try:
-                return self._value(self.resolve(raw))
+                return self._value(self.resolve(raw), key)
             finally:
                 self._active.discard(ref)
-        return self._value(raw)
+        return self._value(raw, key)
 
     def named_choices(self, node: Mapping[str, Any]) -> str | None:
         """A string ``enum`` narrowed to the values the text names, when it names some but not all."""
@@ -322,33 +416,44 @@ class _Builder:
             self.single_named[name] = named[0]
         return name
 
-    def _value(self, node: Mapping[str, Any]) -> str | None:
+    def _value(self, node: Mapping[str, Any], key: str | None = None) -> str | None:
         named = self.named_choices(node)
         if named is not None:
             self.grounded += 1
             return named
         if is_grounded(node, strings=self.strings, numbers=self.numbers):
             types = _types(node)
-            rule = self.span_terminal(node) if types == {"string"} else self.number_rule(node)
+            if types != {"string"}:
+                rule = self.number_rule(node)
+            else:
+                rule = (self.date_rule(node) if holds_date(key, node) else None) or self.span_terminal(node)
             if rule is not None:
                 self.grounded += 1
             return rule
-        for key in ("anyOf", "oneOf"):
-            branches = node.get(key)
-            if isinstance(branches, list) and set(node) <= {key, "title", "description", "default", GROUNDED_KEY}:
-                return self.alternatives(branches, node)
+        for combinator in ("anyOf", "oneOf"):
+            branches = node.get(combinator)
+            if isinstance(branches, list) and set(node) <= {
+                combinator,
+                "title",
+                "description",
+                "default",
+                GROUNDED_KEY,
+            }:
+                return self.alternatives(branches, node, key)
         types = _types(node)
         if types == {"object"} or (not types and "properties" in node):
             return self.obj(node)
         if types == {"array"}:
-            return self.array(node)
+            return self.array(node, key)
         return None
 
-    def alternatives(self, branches: Sequence[Any], parent: Mapping[str, Any]) -> str | None:
+    def alternatives(self, branches: Sequence[Any], parent: Mapping[str, Any], key: str | None = None) -> str | None:
         if any(not isinstance(b, Mapping) for b in branches):
             return None
         inherit = {GROUNDED_KEY: parent[GROUNDED_KEY]} if GROUNDED_KEY in parent else {}
-        rendered = [self.value({**inherit, **b}) for b in branches]
+        if "title" in parent:
+            inherit["title"] = parent["title"]
+        rendered = [self.value({**inherit, **b}, key) for b in branches]
         if all(r is None for r in rendered):
             return None
         alts = [r if r is not None else self.json_rule(b) for r, b in zip(rendered, branches, strict=True)]
@@ -372,7 +477,7 @@ class _Builder:
         for key, sub in props.items():
             if not isinstance(sub, Mapping):
                 return None
-            r = self.value(sub)
+            r = self.value(sub, str(key))
             any_grounded = any_grounded or r is not None
             items.append((key, sub, r))
         if not any_grounded:
@@ -410,13 +515,13 @@ class _Builder:
         self.rules.append(f"{name}: {body}")
         return name
 
-    def array(self, node: Mapping[str, Any]) -> str | None:
+    def array(self, node: Mapping[str, Any], key: str | None = None) -> str | None:
         items = node.get("items")
         if not isinstance(items, Mapping) or any(
             k in node for k in ("prefixItems", "contains", "uniqueItems", "unevaluatedItems")
         ):
             return None
-        inner = self.value(items)
+        inner = self.value(items, key)  # dates: list[date]-like fields hold dates too
         if inner is None:
             return None
         lo = node.get("minItems", 0)
