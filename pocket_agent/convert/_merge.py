@@ -34,6 +34,55 @@ def _architecture(checkpoint: Path, config: dict[str, Any]) -> str:
     return str(config.get("model_type", ""))
 
 
+def _read_lora(checkpoint: Path, config: dict[str, Any], lora: Path, shapes: dict[str, tuple[int, ...]]) -> Any:
+    """The LoRA's factors, checked against the checkpoint's weight ``shapes``."""
+    from pocket_agent.runtime._hf_lora import read_gguf_lora
+
+    def module(qualified: str) -> Any:
+        shape = shapes.get(f"model.layers.{qualified}.weight")
+        if shape is None or len(shape) != 2:
+            return None
+        import torch
+
+        return SimpleNamespace(out_features=shape[0], in_features=shape[1], weight=SimpleNamespace(dtype=torch.float32))
+
+    n_head = int(config.get("num_attention_heads", 0) or 0)
+    return read_gguf_lora(
+        lora,
+        architecture=_architecture(checkpoint, config),
+        n_head=n_head,
+        n_head_kv=int(config.get("num_key_value_heads", n_head) or n_head),
+        module=module,
+    )
+
+
+def _header_shapes(shards: list[Path]) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shards:  # from the headers: no tensor is read
+        with safe_open(str(shard), "np") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def lora_modules(checkpoint: str | Path, lora: str | Path) -> list[str]:
+    """The linear layers a GGUF LoRA changes in ``checkpoint``, as Hugging Face module paths
+    below ``model.layers`` (``"20.self_attn.v_proj"``), in layer order.
+
+    Raises:
+        AdapterError: the LoRA is not a GGUF LoRA for this checkpoint.
+        ConversionError: ``checkpoint`` is not a checkpoint folder.
+    """
+    src = Path(checkpoint).expanduser().resolve()
+    shards = sorted(src.glob("*.safetensors"))
+    if not (src / "config.json").is_file() or not shards:
+        raise ConversionError(f"{src} is not a Hugging Face checkpoint folder (config.json and *.safetensors).")
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    return list(_read_lora(src, config, Path(lora), _header_shapes(shards)).factors)
+
+
 def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path, *, scale: float = 1.0) -> Path:
     """Write ``checkpoint`` to ``output_dir`` with a GGUF LoRA merged into its weights.
 
@@ -51,10 +100,7 @@ def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path,
         AdapterError: the LoRA is not a GGUF LoRA for this checkpoint.
         ConversionError: ``checkpoint`` is not a checkpoint folder, or ``output_dir`` exists.
     """
-    from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
-
-    from pocket_agent.runtime._hf_lora import read_gguf_lora
 
     src = Path(checkpoint).expanduser().resolve()
     out = Path(output_dir).expanduser().resolve()
@@ -64,28 +110,9 @@ def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path,
     if out.exists():
         raise ConversionError(f"{out} already exists; merge_lora writes a new folder.")
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
-    shapes: dict[str, tuple[int, ...]] = {}
-    for shard in shards:  # shapes from the headers: the tensors are read once, below
-        with safe_open(str(shard), "np") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
+    shapes = _header_shapes(shards)  # the tensors are read once, below
 
-    def module(qualified: str) -> Any:
-        shape = shapes.get(f"model.layers.{qualified}.weight")
-        if shape is None or len(shape) != 2:
-            return None
-        import torch
-
-        return SimpleNamespace(out_features=shape[0], in_features=shape[1], weight=SimpleNamespace(dtype=torch.float32))
-
-    n_head = int(config.get("num_attention_heads", 0) or 0)
-    weights = read_gguf_lora(
-        Path(lora),
-        architecture=_architecture(src, config),
-        n_head=n_head,
-        n_head_kv=int(config.get("num_key_value_heads", n_head) or n_head),
-        module=module,
-    )
+    weights = _read_lora(src, config, Path(lora), shapes)
     staging = out.with_name(f".{out.name}.merging")
     if staging.exists():
         shutil.rmtree(staging)
