@@ -26,6 +26,7 @@ from pocket_agent.grammars.grounding import (
     grounded_values,
     holds_date,
     is_grounded,
+    iso_date_options,
     normalize_space,
     number_options,
     span_chunks,
@@ -146,6 +147,37 @@ def test_extract_copies_the_printed_date_on_the_default_model(smollm: Model) -> 
     out = extract(doc, Receipt, model=smollm, max_tokens=96)
     assert out.date == "25/12/2018"  # the only date printed, without its time
     assert all(d == "25/12/2018" for d in out.dates_seen)
+
+
+def test_iso_dates_read_the_printed_dates() -> None:
+    doc = "2018-12-25 05 MAR 2018 Dec. 5th, 2019 30-dec-17 2018年11月25日 31/02/2018 1/2/95"
+    assert iso_date_options(doc) == ["2018-12-25", "2018-03-05", "2019-12-05", "2017-12-30", "2018-11-25", "1995-02-01"]
+    assert iso_date_options("05/02/18") == ["2018-02-05"]  # day first by default
+    assert iso_date_options("05/02/18", order="mdy") == ["2018-05-02"]
+    assert iso_date_options("printed 12/28/2017, due 05/02/18") == ["2017-12-28", "2018-05-02"]  # the document's order
+    assert iso_date_options("no dates, 13/13/2018") == []
+
+
+def test_a_date_typed_field_is_a_printed_date_in_iso_form(smollm: Model) -> None:
+    import datetime
+
+    class Receipt(BaseModel):
+        shop: str
+        date: datetime.date
+        due: datetime.date | None = Field(default=None, json_schema_extra={"x-date-order": "mdy"})
+
+    doc = "KEDAI RUNCIT ALI\nNO. 5 JALAN SAGU\nDATE 09/01/2019 8:13:39 PM\nCASHIER 12\nTOTAL 9.00"
+    schema = Receipt.model_json_schema()
+    g = compile_grammar(Lark(grounded_grammar({**schema, "additionalProperties": False}, doc) or ""), smollm)
+    head = '{"shop":"KEDAI RUNCIT ALI","date":'
+    assert g.accepts_text(head + '"2019-01-09"}') and g.accepts_text(head + '"2019-01-09","due":"2019-09-01"}')
+    assert not g.accepts_text(head + '"2019-09-01"}') and not g.accepts_text(head + '"2019-01-10"}')
+    out = extract(doc, Receipt, model=smollm, max_tokens=96)
+    assert out.date == datetime.date(2019, 1, 9)  # the only date printed, read day first
+    assert out.due in (None, datetime.date(2019, 9, 1))
+    # no printed date: the plain format constraint (a valid ISO date), no failure
+    undated = extract("KEDAI RUNCIT ALI, see you next Friday", Receipt, model=smollm, max_tokens=96)
+    assert isinstance(undated.date, datetime.date)
 
 
 WORDS = st.lists(

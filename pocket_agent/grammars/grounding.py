@@ -21,6 +21,10 @@ Which values are grounded (:func:`is_grounded`):
   (:func:`date_options`: ``25/12/2018``, ``2018-12-25``, ``05 MAR 2018``, ``Dec 5, 2018``,
   ``2018年12月25日``), written as printed and without a time of day; a source that prints
   none keeps the plain span, and ``"x-grounded": "span"`` keeps the plain span always;
+* a string of ``format: date`` (Pydantic ``datetime.date``) is one of the dates the source
+  prints, written in ISO 8601 (:func:`iso_date_options`: ``25/12/2018`` -> ``2018-12-25``;
+  ``05/02/18`` reads day first unless the source's other dates or ``"x-date-order": "mdy"``
+  say otherwise); a source that prints none keeps the plain JSON Schema constraint;
 * a string ``enum`` whose values the source names (:func:`names_value`: whole words, any
   case, or a word of four letters or more that begins the value, "fahr" for
   ``fahrenheit``) is narrowed to the named values when it names some but not all;
@@ -212,6 +216,78 @@ def date_options(text: str) -> list[str]:
     return list(seen)
 
 
+_MONTH_NUMBER = {
+    m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))
+}
+_TWO_DIGIT_PIVOT = 70
+"""A two-digit year below this is 20xx, from it 19xx (``18`` -> 2018, ``95`` -> 1995)."""
+
+
+def _year(digits: str) -> int:
+    y = int(digits)
+    if len(digits) == 2:
+        return 2000 + y if y < _TWO_DIGIT_PIVOT else 1900 + y
+    return y
+
+
+def _readings(printed: str) -> tuple[list[tuple[int, int, int]], str | None]:
+    """(year, month, day) readings of a printed date, and for an all-digit day/month/year
+    date which order it shows: ``"dmy"`` or ``"mdy"`` when a part over 12 settles it,
+    ``None`` when it cannot (``05/02/18`` reads both ways)."""
+    m = _DAY_MONTH_YEAR.fullmatch(printed)
+    if m:
+        a, b, y = int(m.group(1)), int(m.group(3)), _year(m.group(4))
+        if a > _MAX_MONTH:
+            return [(y, b, a)], "dmy"
+        if b > _MAX_MONTH:
+            return [(y, a, b)], "mdy"
+        return ([(y, b, a), (y, a, b)] if a != b else [(y, a, a)]), None
+    m = _YEAR_MONTH_DAY.fullmatch(printed)
+    if m:
+        return [(int(m.group(1)), int(m.group(3)), int(m.group(4)))], None
+    digits = re.findall(r"\d+", printed)
+    month = re.search(r"[^\W\d_]{3}", printed)
+    if "年" in printed and len(digits) == 3:
+        return [(int(digits[0]), int(digits[1]), int(digits[2]))], None
+    if month is not None and len(digits) == 2 and month.group(0).lower() in _MONTH_NUMBER:
+        mon = _MONTH_NUMBER[month.group(0).lower()]
+        return [(_year(digits[1]), mon, int(digits[0]))], None  # "05 MAR 2018", "Mar 5, 2018"
+    return [], None
+
+
+DATE_ORDER_KEY = "x-date-order"
+"""Schema keyword of a ``format: date`` string: how to read an all-digit date whose day and
+month are both 12 or less, ``"dmy"`` (``05/02/18`` is 5 February) or ``"mdy"`` (2 May)."""
+DATE_ORDERS = ("dmy", "mdy")
+
+
+def iso_date_options(text: str, *, order: str | None = None) -> list[str]:
+    """The dates printed in ``text`` (:func:`date_options`) as ISO 8601 dates
+    (``2018-12-25``), for fields of ``format: date`` (Pydantic ``datetime.date``).
+
+    Two-digit years are 20xx below 70, else 19xx. A day/month/year date whose day and month
+    are both 12 or less reads by ``order`` (``"dmy"`` or ``"mdy"``) when given, else the way
+    the document's other all-digit dates show it (a part over 12 settles their order), else
+    day first, as most of the world writes dates. Readings that are no calendar date
+    (``31/02/2018``) are dropped."""
+    import datetime
+
+    parsed = [_readings(d) for d in date_options(text)]
+    if order is None:
+        shown = {o for _, o in parsed if o is not None}
+        order = shown.pop() if len(shown) == 1 else "dmy"
+    seen: dict[str, None] = {}
+    for readings, _ in parsed:
+        if len(readings) == 2:  # (day first, month first)
+            readings = [readings[0] if order == "dmy" else readings[1]]
+        for y, mon, day in readings:
+            try:
+                seen.setdefault(datetime.date(y, mon, day).isoformat(), None)
+            except ValueError:
+                continue
+    return list(seen)
+
+
 _DATE_WORDS = frozenset({"date", "dates", "dated"})
 
 
@@ -376,6 +452,16 @@ class _Builder:
         self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(d, ensure_ascii=False)) for d in opts))
         return name
 
+    def iso_date_rule(self, node: Mapping[str, Any]) -> str | None:
+        """A ``format: date`` string: one of the printed dates, written in ISO 8601."""
+        order = node.get(DATE_ORDER_KEY)
+        opts = iso_date_options(self.text, order=order if order in DATE_ORDERS else None)
+        if not opts:
+            return None
+        name = self.name("isodate")
+        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(d)) for d in opts))
+        return name
+
     def number_rule(self, node: Mapping[str, Any]) -> str | None:
         integer = "integer" in _types(node)
         opts = [o for o in number_options(self.text, integer=integer) if in_bounds(float(o), node)]
@@ -421,6 +507,13 @@ class _Builder:
         if named is not None:
             self.grounded += 1
             return named
+        if self.strings and _types(node) == {"string"} and node.get("format") == "date":
+            if node.get(GROUNDED_KEY) is False or any(k in node for k in ("enum", "const", "pattern")):
+                return None
+            rule = self.iso_date_rule(node)
+            if rule is not None:
+                self.grounded += 1
+            return rule
         if is_grounded(node, strings=self.strings, numbers=self.numbers):
             types = _types(node)
             if types != {"string"}:
@@ -432,13 +525,8 @@ class _Builder:
             return rule
         for combinator in ("anyOf", "oneOf"):
             branches = node.get(combinator)
-            if isinstance(branches, list) and set(node) <= {
-                combinator,
-                "title",
-                "description",
-                "default",
-                GROUNDED_KEY,
-            }:
+            plain = set(node) <= {combinator, "title", "description", "default", GROUNDED_KEY, DATE_ORDER_KEY}
+            if isinstance(branches, list) and plain:
                 return self.alternatives(branches, node, key)
         types = _types(node)
         if types == {"object"} or (not types and "properties" in node):
@@ -450,9 +538,7 @@ class _Builder:
     def alternatives(self, branches: Sequence[Any], parent: Mapping[str, Any], key: str | None = None) -> str | None:
         if any(not isinstance(b, Mapping) for b in branches):
             return None
-        inherit = {GROUNDED_KEY: parent[GROUNDED_KEY]} if GROUNDED_KEY in parent else {}
-        if "title" in parent:
-            inherit["title"] = parent["title"]
+        inherit = {k: parent[k] for k in (GROUNDED_KEY, DATE_ORDER_KEY, "title") if k in parent}
         rendered = [self.value({**inherit, **b}, key) for b in branches]
         if all(r is None for r in rendered):
             return None

@@ -86,6 +86,7 @@ _KEEP = frozenset(
         "title",
         "examples",
         "x-grounded",  # the grounding opt-in/out (pocket_agent.grammars.grounding)
+        "x-date-order",  # how a format: date argument reads 05/02/18 (same module)
         *_SCHEMA_ONE,
         *_SCHEMA_LIST,
         *_SCHEMA_MAP,
