@@ -22,6 +22,7 @@ from pocket_agent.errors import InvalidInputError
 from pocket_agent.grammars import Lark, compile_grammar
 from pocket_agent.grammars.grounding import (
     date_options,
+    email_options,
     grounded_grammar,
     grounded_values,
     holds_date,
@@ -29,7 +30,11 @@ from pocket_agent.grammars.grounding import (
     iso_date_options,
     normalize_space,
     number_options,
+    phone_options,
     span_chunks,
+    span_kind,
+    time_options,
+    url_options,
 )
 from pocket_agent.grounding import Extraction, whole_words, widen_words
 from pocket_agent.runtime import Model
@@ -110,6 +115,54 @@ def test_date_options_are_the_printed_dates_without_times_or_phone_numbers() -> 
 )
 def test_which_strings_hold_dates(name: str | None, node: dict[str, Any], holds: bool) -> None:
     assert holds_date(name, node) is holds
+
+
+@pytest.mark.parametrize(
+    ("name", "node", "kind"),
+    [
+        ("start_time", {}, "time"),
+        ("time_zone", {}, None),
+        ("travel_time", {}, None),
+        ("email_address", {}, "email"),
+        ("e_mail", {}, "email"),
+        ("contactEmail", {}, "email"),
+        ("website", {}, "url"),
+        ("phone_number", {}, "phone"),
+        ("fax", {}, "phone"),
+        ("联系电话", {}, "phone"),
+        ("who", {"x-grounded": "email"}, "email"),
+        ("email", {"x-grounded": "span"}, None),
+        ("mailing_address", {}, None),
+        ("title", {}, None),
+    ],
+)
+def test_which_strings_hold_which_kind(name: str, node: dict[str, Any], kind: str | None) -> None:
+    assert span_kind(name, node) == kind
+
+
+def test_kind_options_are_what_the_text_prints() -> None:
+    text = (
+        "TEL: +60 3-5121 3881 / 016-7867868 FAX (555) 123-4567 on 25/12/2018 8:13:39 PM, doors 9 PM, at 13:15."
+        " Mail bob.x@mail.co.uk. See https://ex.com/a?b=1). or www.shop.my, total 12.50 qty 3 2018-12-25"
+    )
+    assert time_options(text) == ["8:13:39 PM", "9 PM", "13:15"]
+    assert email_options(text) == ["bob.x@mail.co.uk"]
+    assert url_options(text) == ["https://ex.com/a?b=1", "www.shop.my"]
+    phones = phone_options(text)
+    assert {"+60 3-5121 3881", "016-7867868", "(555) 123-4567"} <= set(phones)
+    assert not any("2018" in p or "12.50" in p for p in phones)  # dates and amounts are not phones
+
+
+def test_typed_fields_take_the_printed_values_on_the_default_model(smollm: Model) -> None:
+    class Contact(BaseModel):
+        name: str
+        email: str
+        phone: str
+        time: str = Field(description="when the call is booked")
+
+    doc = "Call booked with Rosa Kowalski at 13:15 on 2 May.\nrosa@swift.io, mobile 016-7867868, ext 12"
+    out = extract(doc, Contact, model=smollm, max_tokens=96)
+    assert (out.email, out.phone, out.time) == ("rosa@swift.io", "016-7867868", "13:15")
 
 
 def test_a_date_field_is_narrowed_to_the_printed_dates(smollm: Model) -> None:

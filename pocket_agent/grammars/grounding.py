@@ -15,12 +15,15 @@ Which values are grounded (:func:`is_grounded`):
   it says ``"x-grounded": true``;
 * ``"x-grounded": true`` on a string with a ``pattern``/``format`` is ignored (the two
   constraints are not combined);
-* a grounded string that holds a date (its property name or ``title`` has the word
-  "date", as in ``date``, ``invoice_date``, ``dueDate``, ``日期``; or it says
-  ``"x-grounded": "date"``) is narrowed to the dates the source prints
-  (:func:`date_options`: ``25/12/2018``, ``2018-12-25``, ``05 MAR 2018``, ``Dec 5, 2018``,
-  ``2018年12月25日``), written as printed and without a time of day; a source that prints
-  none keeps the plain span, and ``"x-grounded": "span"`` keeps the plain span always;
+* a grounded string that holds a date, a time of day, an e-mail address, a web address or a
+  phone number (:func:`span_kind`: its property name or ``title`` has the word "date",
+  "time", "email", "url"/"website", "phone"/"tel"/"fax", as in ``invoice_date``,
+  ``startTime``, ``contact_email``, or the Chinese word ``日期``, ``时间``, ``邮箱``, ``网址``,
+  ``电话``; or it says ``"x-grounded": "date"`` etc.) is narrowed to the values of that kind
+  the source prints (:data:`KIND_OPTIONS`: ``25/12/2018``, ``05 MAR 2018``, ``13:15``,
+  ``9 PM``, ``bob@x.com``, ``www.x.my``, ``016-7867868``), as printed (a date without the
+  time after it); a source that prints none keeps the plain span, and
+  ``"x-grounded": "span"`` keeps the plain span always;
 * a string of ``format: date`` (Pydantic ``datetime.date``) is one of the dates the source
   prints, written in ISO 8601 (:func:`iso_date_options`: ``25/12/2018`` -> ``2018-12-25``;
   ``05/02/18`` reads day first unless the source's other dates or ``"x-date-order": "mdy"``
@@ -59,9 +62,10 @@ GROUNDED_KEY = "x-grounded"
 """Schema keyword that switches grounding on (``true``) or off (``false``) for a value, or
 names the kind of span a string holds (``"date"``, ``"span"``: see :data:`SPAN_KINDS`)."""
 
-SPAN_KINDS = ("date", "span")
-"""String values of :data:`GROUNDED_KEY`: ``"date"`` narrows a grounded string to the dates
-the source prints, ``"span"`` keeps any span even for a field named like a date."""
+SPAN_KINDS = ("date", "time", "email", "url", "phone", "span")
+"""String values of :data:`GROUNDED_KEY`: ``"date"`` (and the other kinds) narrows a grounded
+string to the values of that kind the source prints, ``"span"`` keeps any span even for a
+field named like one of them."""
 
 _UNGROUNDABLE = ("enum", "const", "pattern", "format")
 _CHUNK = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
@@ -288,7 +292,82 @@ def iso_date_options(text: str, *, order: str | None = None) -> list[str]:
     return list(seen)
 
 
-_DATE_WORDS = frozenset({"date", "dates", "dated"})
+_TIME = re.compile(
+    r"(?<![\w:.])(?:(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?: ?[AaPp]\.?[Mm]\b\.?)?"
+    r"|(?:1[0-2]|0?[1-9]) ?[AaPp]\.?[Mm]\b\.?)(?![\w:])"
+)
+_EMAIL = re.compile(r"(?<![\w.+-])[\w.%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+_URL = re.compile(r"(?<![\w/])(?:https?://|www\.)[^\s<>\"'`]+", re.IGNORECASE)
+_PHONE_RUN = re.compile(r"(?<![\w+.,/-])\+?\(?\d{1,12}\)?(?:[ -]\(?\d{1,12}\)?)*(?![\w.,/]?\d)")
+_PHONE_DIGITS = (7, 15)
+_TRAILING_PUNCTUATION = ".,;:!?)]}'\""
+
+
+def time_options(text: str) -> list[str]:
+    """Times of day printed in ``text``: ``13:15``, ``8:13:39 PM``, ``9 PM`` (``9.30`` is not
+    one: a dot reads as a decimal point); as printed, in order of first appearance."""
+    return _unique(m.group(0) for m in _TIME.finditer(text))
+
+
+def email_options(text: str) -> list[str]:
+    """E-mail addresses printed in ``text`` (a sentence's final period left out)."""
+    return _unique(m.group(0).rstrip(".") for m in _EMAIL.finditer(text))
+
+
+def url_options(text: str) -> list[str]:
+    """Web addresses printed in ``text`` (``https://...``, ``www....``), closing punctuation left out."""
+    return _unique(m.group(0).rstrip(_TRAILING_PUNCTUATION) for m in _URL.finditer(text))
+
+
+def phone_options(text: str) -> list[str]:
+    """Phone numbers printed in ``text``: runs of digit groups joined by single spaces or
+    hyphens (``+60 3-5121 3881``, ``(555) 123-4567``, ``016-7867868``, ``0351213881``) with 7
+    to 15 digits; every such prefix of a longer run is a candidate (a run may go on into the
+    next number), and the digits of a date never join one."""
+    for date in date_options(text):  # a date's digit groups never join a phone number
+        text = text.replace(date, " ; ")
+    out: list[str] = []
+    for m in _PHONE_RUN.finditer(text):
+        run = m.group(0)
+        cuts = [g.end() for g in re.finditer(r"\d\)?(?=[ -]|$)", run)]
+        for end in cuts:
+            piece = run[:end]
+            digits = sum(c.isdigit() for c in piece)
+            if _PHONE_DIGITS[0] <= digits <= _PHONE_DIGITS[1]:
+                out.append(piece)
+    return _unique(out)
+
+
+def _unique(values: Any) -> list[str]:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+_KIND_WORDS: dict[str, frozenset[str]] = {
+    "date": frozenset({"date", "dates", "dated"}),
+    "time": frozenset({"time", "times"}),
+    "email": frozenset({"email", "emails"}),
+    "url": frozenset({"url", "urls", "website", "homepage", "uri", "link", "links"}),
+    "phone": frozenset({"phone", "phones", "telephone", "tel", "mobile", "fax", "cellphone"}),
+}
+_KIND_CJK = {
+    "date": ("日期",),
+    "time": ("时间", "時間"),
+    "email": ("邮箱", "邮件"),
+    "url": ("网址",),
+    "phone": ("电话", "手机"),
+}
+_DURATION_WORDS = frozenset(
+    {"zone", "zones", "travel", "processing", "lead", "elapsed", "wait", "waiting", "cooking", "prep", "response"}
+)
+"""Words that make a name with "time" a time zone or a duration, not a time of day."""
+KIND_OPTIONS = {
+    "date": date_options,
+    "time": time_options,
+    "email": email_options,
+    "url": url_options,
+    "phone": phone_options,
+}
+"""For each kind of span, the function that finds its candidates in a source text."""
 
 
 def _name_words(name: str) -> list[str]:
@@ -296,15 +375,31 @@ def _name_words(name: str) -> list[str]:
     return [w.lower() for w in re.split(r"[^0-9A-Za-z]+", spaced) if w]
 
 
-def holds_date(name: str | None, node: Mapping[str, Any]) -> bool:
-    """Whether a grounded string holds a date: ``"x-grounded": "date"``, or (unless it says
-    ``"x-grounded": "span"``) its property name or ``title`` has the word "date" ("dates",
-    "dated") or ``日期``."""
+def span_kind(name: str | None, node: Mapping[str, Any]) -> str | None:
+    """The kind of value a grounded string holds, from ``"x-grounded"`` (one of
+    :data:`SPAN_KINDS`; ``"span"``: none) or else its property name or ``title``: a word
+    "date", "time" (not with "zone" or a duration's word such as "travel"), "email",
+    "url"/"website"/"link", "phone"/"tel"/"mobile"/"fax", or the Chinese word for one of
+    them (``日期``, ``时间``, ``邮箱``, ``网址``, ``电话``). ``None``: a plain span."""
     flag = node.get(GROUNDED_KEY)
     if flag in SPAN_KINDS:
-        return bool(flag == "date")
+        return None if flag == "span" else str(flag)
     labels = [x for x in (name, node.get("title")) if isinstance(x, str)]
-    return any(_DATE_WORDS & set(_name_words(x)) or "日期" in x for x in labels)
+    for kind, words in _KIND_WORDS.items():
+        for label in labels:
+            found = set(_name_words(label))
+            if kind == "email" and "e" in found and "mail" in found:
+                return kind
+            if words & found and not (kind == "time" and found & _DURATION_WORDS):
+                return kind
+            if any(w in label for w in _KIND_CJK[kind]):
+                return kind
+    return None
+
+
+def holds_date(name: str | None, node: Mapping[str, Any]) -> bool:
+    """Whether a grounded string holds a date (:func:`span_kind` is ``"date"``)."""
+    return span_kind(name, node) == "date"
 
 
 def in_bounds(value: float, node: Mapping[str, Any]) -> bool:
@@ -439,17 +534,19 @@ class _Builder:
         self.terminals[key] = name
         return name
 
-    def date_rule(self, node: Mapping[str, Any]) -> str | None:
+    def kind_rule(self, kind: str, node: Mapping[str, Any]) -> str | None:
+        """A string of a kind (:func:`span_kind`): one of the values of that kind the text
+        prints, within the length bounds; ``None`` when it prints none."""
         lo, hi = node.get("minLength"), node.get("maxLength")
         opts = [
-            d
-            for d in date_options(self.text)
-            if not (isinstance(lo, int) and len(d) < lo) and not (isinstance(hi, int) and len(d) > hi)
+            v
+            for v in KIND_OPTIONS[kind](normalize_space(self.text))
+            if not (isinstance(lo, int) and len(v) < lo) and not (isinstance(hi, int) and len(v) > hi)
         ]
         if not opts:
             return None
-        name = self.name("date")
-        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(d, ensure_ascii=False)) for d in opts))
+        name = self.name(kind)
+        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in opts))
         return name
 
     def iso_date_rule(self, node: Mapping[str, Any]) -> str | None:
@@ -519,7 +616,8 @@ class _Builder:
             if types != {"string"}:
                 rule = self.number_rule(node)
             else:
-                rule = (self.date_rule(node) if holds_date(key, node) else None) or self.span_terminal(node)
+                kind = span_kind(key, node)
+                rule = (self.kind_rule(kind, node) if kind else None) or self.span_terminal(node)
             if rule is not None:
                 self.grounded += 1
             return rule
