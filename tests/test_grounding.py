@@ -146,6 +146,8 @@ def test_kind_options_are_what_the_text_prints() -> None:
         " Mail bob.x@mail.co.uk. See https://ex.com/a?b=1). or www.shop.my, total 12.50 qty 3 2018-12-25"
     )
     assert time_options(text) == ["8:13:39 PM", "9 PM", "13:15"]
+    request = "Tenet at 5 pm and No Time To Die at 7:30 pm. Opens 9 a.m., 10.30"
+    assert time_options(request) == ["5 pm", "7:30 pm", "9 a.m."]
     assert email_options(text) == ["bob.x@mail.co.uk"]
     assert url_options(text) == ["https://ex.com/a?b=1", "www.shop.my"]
     phones = phone_options(text)

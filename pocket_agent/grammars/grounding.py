@@ -292,9 +292,10 @@ def iso_date_options(text: str, *, order: str | None = None) -> list[str]:
     return list(seen)
 
 
+_MERIDIEM = r"(?:[AaPp]\.[Mm]\.?|[AaPp][Mm]\b)"  # "p.m." keeps its dots, "pm." ends a sentence
 _TIME = re.compile(
-    r"(?<![\w:.])(?:(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?: ?[AaPp]\.?[Mm]\b\.?)?"
-    r"|(?:1[0-2]|0?[1-9]) ?[AaPp]\.?[Mm]\b\.?)(?![\w:])"
+    rf"(?<![\w:.])(?:(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?: ?{_MERIDIEM})?"
+    rf"|(?:1[0-2]|0?[1-9]) ?{_MERIDIEM})(?![\w:])"
 )
 _EMAIL = re.compile(r"(?<![\w.+-])[\w.%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _URL = re.compile(r"(?<![\w/])(?:https?://|www\.)[^\s<>\"'`]+", re.IGNORECASE)
