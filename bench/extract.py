@@ -18,7 +18,7 @@ Reports per contender: seconds per document, output tokens/s, share of outputs t
 and validate, SROIE per-field exact match; for ours also mask time per token (median,
 p99), share of fast-forwarded tokens and compile time.
 
-    python bench/extract.py [--docs 20] [--threads 2] [--out bench/extract.md]
+    python bench/extract.py [--docs 20] [--threads 2] [--chunks 4] [--out bench/extract.md]
 """
 
 from __future__ import annotations
@@ -118,6 +118,16 @@ class Result:
         self.decode_tokens = 0
         self.decode_s = 0.0
         self.weights: Path | None = None  # the weight file(s) the row ran, for its limit
+
+    def merge(self, later: Result) -> Result:
+        """This row's results followed by ``later``'s (the same contender on the next documents)."""
+        for name in ("seconds", "tokens", "valid", "matches", "mask_us", "decode_step_s", "errors"):
+            getattr(self, name).extend(getattr(later, name))
+        for name in ("grounded_compile_ms", "choose_ms"):
+            getattr(self, name).extend(getattr(later, name))
+        for name in ("forced", "gen_tokens", "gen_seconds", "prefill_tokens", "prefill_s", "decode_tokens", "decode_s"):
+            setattr(self, name, getattr(self, name) + getattr(later, name))
+        return self  # compile_ms stays the first (cold) one; weights are the same
 
     def add(self, seconds: float, tokens: int, pred: dict[str, Any] | None, expected: dict[str, Any]) -> None:
         self.seconds.append(seconds)
@@ -291,8 +301,12 @@ def run_unconstrained(docs: list[dict[str, Any]], model: Any) -> Result:
     return res
 
 
-def _llama(threads: int, path: Path | None = None) -> Any:
-    """llama-cpp-python on ``path`` (default: the GGUF file as shipped, what its users load)."""
+_PEERS: dict[tuple[str, int, str], Any] = {}
+
+
+def _llama(threads: int, path: Path | None = None, use: str = "chat") -> Any:
+    """llama-cpp-python on ``path`` (default: the GGUF file as shipped, what its users load);
+    one instance per (file, threads, use), kept across chunks like a user's long-lived model."""
     from _env import guard_peer_llama
     from llama_cpp import Llama
 
@@ -300,9 +314,10 @@ def _llama(threads: int, path: Path | None = None) -> Any:
 
     from pocket_agent.runtime import default_model_path
 
-    return Llama(
-        str(path or default_model_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0
-    )
+    key = (str(path or default_model_path()), threads, use)
+    if key not in _PEERS:
+        _PEERS[key] = Llama(key[0], n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
+    return _PEERS[key]
 
 
 class LlamaCounters:
@@ -359,6 +374,9 @@ def run_llama_cpp(
     return res
 
 
+_GENERATORS: dict[str, Any] = {}
+
+
 def run_outlines(docs: list[dict[str, Any]], threads: int, model: Any) -> Result:
     import numba  # noqa: F401 - outlines-core's numpy kernels; without it outlines runs UNCONSTRAINED
     import outlines
@@ -368,8 +386,10 @@ def run_outlines(docs: list[dict[str, Any]], threads: int, model: Any) -> Result
 
     res = Result("outlines (llama.cpp)")
     res.weights = default_model_path()
-    llm = _llama(threads)
-    gen = outlines.Generator(outlines.from_llamacpp(llm), Receipt)
+    llm = _llama(threads, use="outlines")
+    if "outlines" not in _GENERATORS:
+        _GENERATORS["outlines"] = outlines.Generator(outlines.from_llamacpp(llm), Receipt)
+    gen = _GENERATORS["outlines"]
     schema = closed_schema()
     for doc in docs:
         prompt = model.chat_template.render(build_messages(doc["text"], schema), add_generation_prompt=True)
@@ -394,15 +414,18 @@ def run_mnn_row(row: str, docs: list[dict[str, Any]], threads: int) -> Result:
     from pocket_agent.runtime import load_model
 
     config = ensure_default_mnn(task="extract" if row == "ours-mnn-extract" else None)
-    return run_ours(docs, load_model(config, threads=threads), MNN_ROWS[row])
+    model = load_model(config, threads=threads)
+    run_ours(docs[:1], model, "warm-up")  # a fresh process per slice: its first document untimed
+    return run_ours(docs, model, MNN_ROWS[row])
 
 
-def mnn_row_in_child(row: str, n_docs: int, threads: int) -> Result:
-    """Run an MNN row in a child process of this script and take its Result back."""
+def mnn_row_in_child(row: str, n_docs: int, threads: int, first: int = 0) -> Result:
+    """Run an MNN row on documents ``first..n_docs-1`` in a child process of this script and
+    take its Result back."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.pickle"
         cmd = [sys.executable, __file__, "--docs", str(n_docs), "--threads", str(threads)]
-        cmd += ["--mnn-worker", row, str(out)]
+        cmd += ["--mnn-worker", row, str(out), "--worker-first", str(first)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not out.is_file():
             raise RuntimeError(f"{row} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
@@ -469,7 +492,15 @@ def main() -> int:
         ],
     )
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--chunks",
+        type=int,
+        default=4,
+        help="run the contenders in turn on each of this many slices of the documents (the order rotating), "
+        "so a busy spell on a shared machine falls on every row alike",
+    )
     ap.add_argument("--mnn-worker", nargs=2, metavar=("ROW", "RESULT_FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-first", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     from pocket_agent.runtime import load_model
@@ -477,39 +508,63 @@ def main() -> int:
     docs = load_docs(args.docs)
     if args.mnn_worker:
         row, result_file = args.mnn_worker
-        Path(result_file).write_bytes(pickle.dumps(run_mnn_row(row, docs, args.threads)))
+        Path(result_file).write_bytes(pickle.dumps(run_mnn_row(row, docs[args.worker_first :], args.threads)))
         return 0
     model = load_model(threads=args.threads)
+    q4_model: list[Any] = []
 
-    runners: dict[str, Callable[[], Result]] = {
-        "ours": lambda: run_ours(docs, model),
-        "ours-many": lambda: run_many(docs, model, 1),
-        "ours-many-batch4": lambda: run_many(docs, model, 4),
-        "ours-base": lambda: run_ours(docs, model, "ours with the base weights (adapter=None)", adapter=None),
-        "ours-greedy-numbers": lambda: run_ours(
-            docs, model, "ours without the number choice (numbers decoded greedily)", choose=False
-        ),
-        "ours-q4_1": lambda: run_ours(
-            docs,
-            load_model(threads=args.threads, layout="original"),
-            "ours on the Q4_1 weights as shipped (layout='original')",
-        ),
-        "ours-mnn": lambda: mnn_row_in_child("ours-mnn", args.docs, args.threads),
-        "ours-mnn-extract": lambda: mnn_row_in_child("ours-mnn-extract", args.docs, args.threads),
-        "llama-cpp": lambda: run_llama_cpp(docs, args.threads, model),
-        "llama-cpp-q8_0": lambda: run_llama_cpp(
-            docs, args.threads, model, q8_0_copy_of(model), "llama-cpp-python json_object+schema on our Q8_0 copy"
-        ),
-        "outlines": lambda: run_outlines(docs, args.threads, model),
-        "unconstrained": lambda: run_unconstrained(docs, model),
-    }
-    results = {}
-    for name in args.only:
-        print(f"running {name} on {len(docs)} documents...", file=sys.stderr)
-        try:
-            results[name] = runners[name]()
-        except Exception as exc:  # one contender that cannot run (a missing extra) leaves the others' rows
-            print(f"  {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    def q4_1() -> Any:
+        if not q4_model:
+            q4_model.append(load_model(threads=args.threads, layout="original"))
+        return q4_model[0]
+
+    def runners(part: list[dict[str, Any]], first: int) -> dict[str, Callable[[], Result]]:
+        end = first + len(part)
+        return {
+            "ours": lambda: run_ours(part, model),
+            "ours-many": lambda: run_many(part, model, 1),
+            "ours-many-batch4": lambda: run_many(part, model, 4),
+            "ours-base": lambda: run_ours(part, model, "ours with the base weights (adapter=None)", adapter=None),
+            "ours-greedy-numbers": lambda: run_ours(
+                part, model, "ours without the number choice (numbers decoded greedily)", choose=False
+            ),
+            "ours-q4_1": lambda: run_ours(part, q4_1(), "ours on the Q4_1 weights as shipped (layout='original')"),
+            "ours-mnn": lambda: mnn_row_in_child("ours-mnn", end, args.threads, first),
+            "ours-mnn-extract": lambda: mnn_row_in_child("ours-mnn-extract", end, args.threads, first),
+            "llama-cpp": lambda: run_llama_cpp(part, args.threads, model),
+            "llama-cpp-q8_0": lambda: run_llama_cpp(
+                part, args.threads, model, q8_0_copy_of(model), "llama-cpp-python json_object+schema on our Q8_0 copy"
+            ),
+            "outlines": lambda: run_outlines(part, args.threads, model),
+            "unconstrained": lambda: run_unconstrained(part, model),
+        }
+
+    results: dict[str, Result] = {}
+    failed: set[str] = set()
+    for name in args.only:  # warm-up, untimed: first loads, compiles and caches (MNN rows warm in each child)
+        if not name.startswith("ours-mnn"):
+            try:
+                runners(docs[:1], 0)[name]()
+            except Exception:  # reported below, when the contender runs
+                pass
+    n_chunks = max(1, min(args.chunks, len(docs)))
+    bounds = [round(i * len(docs) / n_chunks) for i in range(n_chunks + 1)]
+    for c in range(n_chunks):
+        first, end = bounds[c], bounds[c + 1]
+        order = args.only[c % len(args.only) :] + args.only[: c % len(args.only)]
+        for name in order:
+            if name in failed:
+                continue
+            print(f"running {name} on documents {first}..{end - 1}...", file=sys.stderr)
+            try:
+                part = runners(docs[first:end], first)[name]()
+            except Exception as exc:  # one contender that cannot run (a missing extra) leaves the others' rows
+                print(f"  {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                failed.add(name)
+                results.pop(name, None)
+                continue
+            results[name] = results[name].merge(part) if name in results else part
+    results = {name: results[name] for name in args.only if name in results}
 
     ours = results.get("ours")
     from pocket_agent.extraction import build_messages
@@ -600,9 +655,12 @@ def main() -> int:
         args.out.write_text(
             "# Extraction benchmark\n\n"
             f"Generated by `python bench/extract.py --docs {args.docs} --threads {args.threads} "
-            f"--only {' '.join(args.only)} --out {args.out}` "
+            f"--chunks {n_chunks} --only {' '.join(args.only)} --out {args.out}` "
             f"on {time.strftime('%Y-%m-%d')}.\n\n"
-            f"- Machine: {machine()}; shared and noisy, so compare rows of one run.\n"
+            f"- Machine: {machine()}; shared and noisy, so compare rows of one run. The documents run in "
+            f"{n_chunks} slices; on each slice every contender runs in turn, the order rotating, so a busy spell "
+            "falls on all rows alike; every contender first runs the first document once, untimed (loads, "
+            "compiles, caches).\n"
             f"- Python {platform.python_version()}; {', '.join(vers)}\n"
             f"- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), {args.threads} threads, greedy, "
             f"max_tokens {MAX_TOKENS}. Our runtime runs it from its Q8_0 copy (`load_model` layout 'auto', "
