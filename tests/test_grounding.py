@@ -25,7 +25,6 @@ from pocket_agent.grammars.grounding import (
     email_options,
     grounded_grammar,
     grounded_values,
-    holds_date,
     is_grounded,
     iso_date_options,
     normalize_space,
@@ -114,7 +113,7 @@ def test_date_options_are_the_printed_dates_without_times_or_phone_numbers() -> 
     ],
 )
 def test_which_strings_hold_dates(name: str | None, node: dict[str, Any], holds: bool) -> None:
-    assert holds_date(name, node) is holds
+    assert (span_kind(name, node) == "date") is holds
 
 
 @pytest.mark.parametrize(

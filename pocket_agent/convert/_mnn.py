@@ -1,7 +1,8 @@
 """Convert a GGUF file or a Hugging Face model folder to an MNN LLM build.
 
 Pipeline (every heavy step runs in a subprocess of ``sys.executable``, so importing this
-module, or calling :func:`convert_to_mnn`, never imports torch into the caller):
+module, or calling :func:`convert_to_mnn` without ``lora``, never imports torch into the
+caller; merging a LoRA reads it with torch in the calling process):
 
 1. GGUF only: ``_gguf_to_hf.py`` loads the GGUF with transformers (dequantising it),
    copies the weights into a plain model and saves a transformers checkpoint.

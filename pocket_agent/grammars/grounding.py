@@ -398,11 +398,6 @@ def span_kind(name: str | None, node: Mapping[str, Any]) -> str | None:
     return None
 
 
-def holds_date(name: str | None, node: Mapping[str, Any]) -> bool:
-    """Whether a grounded string holds a date (:func:`span_kind` is ``"date"``)."""
-    return span_kind(name, node) == "date"
-
-
 def in_bounds(value: float, node: Mapping[str, Any]) -> bool:
     """Whether ``value`` meets the schema's ``minimum``/``maximum``/``exclusive*``/``multipleOf``."""
     lo, hi = node.get("minimum"), node.get("maximum")
