@@ -148,7 +148,10 @@ def test_non_empty_output_needs_overwrite(tmp_path: Path) -> None:
         convert_to_mnn(TINY_GGUF, out)
 
 
-@pytest.mark.parametrize("kwargs", [{"quant_bit": 3}, {"quant_block": 48}, {"quant_block": True}, {"lm_quant_bit": 2}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"quant_bit": 3}, {"quant_block": 48}, {"quant_block": True}, {"lm_quant_bit": 2}, {"lora_quant_bit": 8}],
+)
 def test_invalid_quant_settings(tmp_path: Path, kwargs: dict[str, int]) -> None:
     with pytest.raises(InvalidInputError):
         convert_to_mnn(TINY_GGUF, tmp_path / "out", **kwargs)  # type: ignore[arg-type]
@@ -158,6 +161,18 @@ def test_missing_lora_is_refused_before_converting(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="LoRA file not found"):
         convert_to_mnn(TINY_GGUF, tmp_path / "out", lora=tmp_path / "missing.gguf")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_adapted_layers_get_their_own_quantisation(tmp_path: Path) -> None:
+    """llmexport's per-layer file names each linear layer as its exporter does."""
+    from pocket_agent.convert._mnn import _write_quant_config
+
+    path = tmp_path / "quant.json"
+    _write_quant_config(path, ["20.self_attn.v_proj", "29.mlp.down_proj"], 8, 32)
+    assert json.loads(path.read_text(encoding="utf-8")) == {
+        "/layers.20/self_attn/v_proj/Linear": {"bits": 8, "block_size": 32},
+        "/layers.29/mlp/down_proj/Linear": {"bits": 8, "block_size": 32},
+    }
 
 
 def test_import_is_light() -> None:
