@@ -121,9 +121,8 @@ class Result:
 
     def merge(self, later: Result) -> Result:
         """This row's results followed by ``later``'s (the same contender on the next documents)."""
-        for name in ("seconds", "tokens", "valid", "matches", "mask_us", "decode_step_s", "errors"):
-            getattr(self, name).extend(getattr(later, name))
-        for name in ("grounded_compile_ms", "choose_ms"):
+        lists = ("seconds", "tokens", "valid", "matches", "mask_us", "decode_step_s", "errors")
+        for name in (*lists, "grounded_compile_ms", "choose_ms"):
             getattr(self, name).extend(getattr(later, name))
         for name in ("forced", "gen_tokens", "gen_seconds", "prefill_tokens", "prefill_s", "decode_tokens", "decode_s"):
             setattr(self, name, getattr(self, name) + getattr(later, name))

@@ -530,6 +530,12 @@ class _Builder:
         self.terminals[key] = name
         return name
 
+    def string_choices(self, stem: str, values: Sequence[str]) -> str:
+        """A rule that is one of ``values``, each written as a JSON string."""
+        name = self.name(stem)
+        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in values))
+        return name
+
     def kind_rule(self, kind: str, node: Mapping[str, Any]) -> str | None:
         """A string of a kind (:func:`span_kind`): one of the values of that kind the text
         prints, within the length bounds; ``None`` when it prints none."""
@@ -539,21 +545,13 @@ class _Builder:
             for v in KIND_OPTIONS[kind](normalize_space(self.text))
             if not (isinstance(lo, int) and len(v) < lo) and not (isinstance(hi, int) and len(v) > hi)
         ]
-        if not opts:
-            return None
-        name = self.name(kind)
-        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in opts))
-        return name
+        return self.string_choices(kind, opts) if opts else None
 
     def iso_date_rule(self, node: Mapping[str, Any]) -> str | None:
         """A ``format: date`` string: one of the printed dates, written in ISO 8601."""
         order = node.get(DATE_ORDER_KEY)
         opts = iso_date_options(self.text, order=order if order in DATE_ORDERS else None)
-        if not opts:
-            return None
-        name = self.name("isodate")
-        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(d)) for d in opts))
-        return name
+        return self.string_choices("isodate", opts) if opts else None
 
     def number_rule(self, node: Mapping[str, Any]) -> str | None:
         integer = "integer" in _types(node)
@@ -589,8 +587,7 @@ class _Builder:
         named = [v for v in values if names_value(v, self.text)]
         if not named or len(named) == len(values):
             return None
-        name = self.name("named")
-        self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in named))
+        name = self.string_choices("named", named)
         if len(named) == 1:
             self.single_named[name] = named[0]
         return name
