@@ -6,11 +6,14 @@ documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt fo
   ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens,
                 grounded strings, number fields chosen among the printed numbers)
   ours-greedy-numbers  the same without the number choice (ablation)
+  ours-many-q8_0  extract_many on the Q8_0 copy (layout="q8_0"): the layout "auto" picks BF16
+                where llama.cpp computes BF16 natively, this row shows what that buys
   ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head; base
                 weights, as MNN applies no LoRA at run time)
   ours-mnn-extract  the MNN extraction build (the shipped adapter merged in, its layers 8-bit);
                 each MNN row runs in a child process (pymnn: one model per process)
   llama-cpp     llama-cpp-python create_chat_completion(response_format=json_object+schema)
+  llama-cpp-q8_0 / llama-cpp-bf16  the same on our Q8_0 / BF16 copy of the model
   outlines      outlines 1.3 Generator over the same llama.cpp model
   unconstrained plain generation of the same JSON with our runtime (no grammar)
 
@@ -252,12 +255,12 @@ def _run_ours(docs: list[dict[str, Any]], model: Any, res: Result, choose: bool)
     return res
 
 
-def run_many(docs: list[dict[str, Any]], model: Any, batch: int) -> Result:
+def run_many(docs: list[dict[str, Any]], model: Any, batch: int, label: str = "") -> Result:
     """The public ``extract_many`` over all documents (shipped adapter, everything extract() does); s/doc is
     the run's wall time divided by the documents (with ``batch > 1`` documents overlap)."""
     from pocket_agent import Limits, extract_many
 
-    res = Result(f"ours, extract_many(batch={batch})")
+    res = Result(label or f"ours, extract_many(batch={batch})")
     model.reset()
     # with batch > 1 the sampled tokens are evaluated in the lanes' context, outside Model.eval: not timed
     timer = EvalTimer(model, res) if batch == 1 else None
@@ -338,9 +341,12 @@ class LlamaCounters:
         self.res.decode_s += float(d.t_eval_ms) / 1000
 
 
-def q8_0_copy_of(model: Any) -> Path:
-    """The Q8_0 copy our runtime loaded for the default model (``pocket-agent info``: weights)."""
-    return Path(model.info.extra["weights"])
+def copy_of_default(kind: str) -> Path:
+    """Our runtime's ``kind`` ("q8_0" or "bf16") copy of the default model (pocket_agent.runtime.layout)."""
+    from pocket_agent.runtime import default_model_path
+    from pocket_agent.runtime.layout import weights_copy
+
+    return weights_copy(default_model_path(), kind)  # type: ignore[arg-type]
 
 
 def run_llama_cpp(
@@ -479,6 +485,7 @@ def main() -> int:
             "ours",
             "ours-many",
             "ours-many-batch4",
+            "ours-many-q8_0",
             "ours-q4_1",
             "ours-base",
             "ours-greedy-numbers",
@@ -486,6 +493,7 @@ def main() -> int:
             "ours-mnn-extract",
             "llama-cpp",
             "llama-cpp-q8_0",
+            "llama-cpp-bf16",
             "outlines",
             "unconstrained",
         ],
@@ -510,12 +518,12 @@ def main() -> int:
         Path(result_file).write_bytes(pickle.dumps(run_mnn_row(row, docs[args.worker_first :], args.threads)))
         return 0
     model = load_model(threads=args.threads)
-    q4_model: list[Any] = []
+    other_layouts: dict[str, Any] = {}
 
-    def q4_1() -> Any:
-        if not q4_model:
-            q4_model.append(load_model(threads=args.threads, layout="original"))
-        return q4_model[0]
+    def in_layout(layout: str) -> Any:
+        if layout not in other_layouts:
+            other_layouts[layout] = load_model(threads=args.threads, layout=layout)
+        return other_layouts[layout]
 
     def runners(part: list[dict[str, Any]], first: int) -> dict[str, Callable[[], Result]]:
         end = first + len(part)
@@ -523,16 +531,32 @@ def main() -> int:
             "ours": lambda: run_ours(part, model),
             "ours-many": lambda: run_many(part, model, 1),
             "ours-many-batch4": lambda: run_many(part, model, 4),
+            "ours-many-q8_0": lambda: run_many(
+                part, in_layout("q8_0"), 1, "ours, extract_many(batch=1) on the Q8_0 copy (layout='q8_0')"
+            ),
             "ours-base": lambda: run_ours(part, model, "ours with the base weights (adapter=None)", adapter=None),
             "ours-greedy-numbers": lambda: run_ours(
                 part, model, "ours without the number choice (numbers decoded greedily)", choose=False
             ),
-            "ours-q4_1": lambda: run_ours(part, q4_1(), "ours on the Q4_1 weights as shipped (layout='original')"),
+            "ours-q4_1": lambda: run_ours(
+                part, in_layout("original"), "ours on the Q4_1 weights as shipped (layout='original')"
+            ),
             "ours-mnn": lambda: mnn_row_in_child("ours-mnn", end, args.threads, first),
             "ours-mnn-extract": lambda: mnn_row_in_child("ours-mnn-extract", end, args.threads, first),
             "llama-cpp": lambda: run_llama_cpp(part, args.threads, model),
             "llama-cpp-q8_0": lambda: run_llama_cpp(
-                part, args.threads, model, q8_0_copy_of(model), "llama-cpp-python json_object+schema on our Q8_0 copy"
+                part,
+                args.threads,
+                model,
+                copy_of_default("q8_0"),
+                "llama-cpp-python json_object+schema on our Q8_0 copy",
+            ),
+            "llama-cpp-bf16": lambda: run_llama_cpp(
+                part,
+                args.threads,
+                model,
+                copy_of_default("bf16"),
+                "llama-cpp-python json_object+schema on our BF16 copy",
             ),
             "outlines": lambda: run_outlines(part, args.threads, model),
             "unconstrained": lambda: run_unconstrained(part, model),
@@ -593,9 +617,10 @@ def main() -> int:
         lim = next(iter(limits.values()))
         notes.append(
             f"- limits (bench/limit.py, this machine at {args.threads} thread(s), attention and K/V cache at the mean "
-            f"prompt of {context} tokens): prefill from int8 and f32 GEMM throughput, decode from read bandwidth over "
-            "the weight bytes of the row's own file (Q4_1 file, Q8_0 copy or MNN build). prefill: prompt tokens "
-            "evaluated (cached prefixes excluded) per second; decode: output tokens evaluated after the prompt per "
+            f"prompt of {context} tokens): prefill from int8, bf16 and f32 GEMM throughput, decode from read "
+            "bandwidth over the weight bytes of the row's own file (Q4_1 file, BF16 or Q8_0 copy, or MNN build). "
+            "prefill: prompt tokens evaluated (cached prefixes excluded) per second; decode: output tokens evaluated "
+            "after the prompt per "
             "second (sampled and forced; for llama-cpp-python peers llama.cpp's own counters of one-token "
             f"evaluations). Example ceilings for the first row: {lim[0]:.0f} / {lim[1]:.0f} tok/s"
         )
@@ -623,8 +648,8 @@ def main() -> int:
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        for mine in ("ours", "ours-many", "ours-many-batch4", "ours-mnn", "ours-mnn-extract"):
-            for key in ("llama-cpp", "llama-cpp-q8_0", "outlines"):
+        for mine in ("ours", "ours-many", "ours-many-batch4", "ours-many-q8_0", "ours-mnn", "ours-mnn-extract"):
+            for key in ("llama-cpp", "llama-cpp-q8_0", "llama-cpp-bf16", "outlines"):
                 if key in results and mine in results:
                     sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
                     notes.append(f"- {results[mine].name} is {sp:.2f}x faster per document than {results[key].name}")
@@ -662,7 +687,8 @@ def main() -> int:
             "compiles, caches).\n"
             f"- Python {platform.python_version()}; {', '.join(vers)}\n"
             f"- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), {args.threads} threads, greedy, "
-            f"max_tokens {MAX_TOKENS}. Our runtime runs it from its Q8_0 copy (`load_model` layout 'auto', "
+            f"max_tokens {MAX_TOKENS}. Our runtime runs it from its "
+            f"{Path(weights_of(model)).suffixes[-2].lstrip('.').upper()} copy (`load_model` layout 'auto', "
             "pocket_agent.runtime.layout); the peers load the Q4_1 file as shipped unless the row says otherwise.\n"
             f"- Data: first {len(docs)} SROIE receipts (../shared/data/sroie), schema "
             "{company, date, address, total: number} closed; the same chat prompt for every contender. "

@@ -4,12 +4,14 @@ Measures the machine, then turns the model's weights into a ceiling:
 
   * matrix throughput: int8 GEMM (u8 x s8 -> s32, fbgemm's AVX2/AVX-512 kernels: the same
     instruction class llama.cpp uses for quantized weights, whose activations it quantizes
-    to 8 bits before the dot products) and f32 GEMM (MKL/OpenBLAS), at 1 and 2 threads;
+    to 8 bits before the dot products), bf16 GEMM (oneDNN: AVX512-BF16 where the CPU has it,
+    the class of llama.cpp's BF16 kernels) and f32 GEMM (MKL/OpenBLAS), at 1 and 2 threads;
   * memory bandwidth: a streaming read of an array far larger than the last-level cache.
 
   prefill tok/s <= throughput / FLOPs per prompt token. A prompt token multiplies every
-      block weight (2 FLOPs per weight, at the int8 rate for quantized types, the f32 rate for
-      float ones) plus attention over the context (f32 rate); the output head runs only for
+      block weight (2 FLOPs per weight, at the int8 rate for quantized types, the bf16 rate for
+      BF16, the f32 rate for other float types) plus attention over the context (f32 rate);
+      the output head runs only for
       the last prompt position, so it is left out.
   decode tok/s <= bandwidth / bytes read per token: every block weight, the output head (tied
       to the token embedding in SmolLM2) and the K/V cache of the context.
@@ -61,6 +63,7 @@ class Machine:
     int8_gops: float
     """int8 GEMM, giga multiply-adds x 2 per second (GOP/s)."""
     f32_gflops: float
+    bf16_gflops: float
     read_gbs: float
     """Streaming read bandwidth, GB/s (10^9 bytes)."""
 
@@ -93,13 +96,13 @@ def _gemm_int8(threads: int, repeats: int) -> float:
     return max(rates)
 
 
-def _gemm_f32(threads: int, repeats: int) -> float:
+def _gemm_float(threads: int, repeats: int, dtype: str) -> float:
     import torch
 
     torch.set_num_threads(threads)
     rates = []
     for m, k, n in GEMM_SHAPES:
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k).to(getattr(torch, dtype)), torch.randn(k, n).to(getattr(torch, dtype))
         rates.append(2 * m * k * n / _best(lambda a=a, b=b: a @ b, repeats) / 1e9)
     return max(rates)
 
@@ -114,12 +117,13 @@ def _read_bandwidth(threads: int, repeats: int) -> float:
 
 @functools.cache
 def measure_machine(threads: int, repeats: int = 7) -> Machine:
-    """Measure int8 and f32 GEMM throughput and read bandwidth with ``threads`` threads (needs
-    torch, from the ``convert`` extra); cached per process."""
+    """Measure int8, f32 and bf16 GEMM throughput and read bandwidth with ``threads`` threads
+    (needs torch, from the ``convert`` extra); cached per process."""
     return Machine(
         threads=threads,
         int8_gops=_gemm_int8(threads, repeats),
-        f32_gflops=_gemm_f32(threads, repeats),
+        f32_gflops=_gemm_float(threads, repeats, "float32"),
+        bf16_gflops=_gemm_float(threads, repeats, "bfloat16"),
         read_gbs=_read_bandwidth(threads, repeats),
     )
 
@@ -135,6 +139,8 @@ class ModelCost:
     block_params_int: int
     """Block weights of quantized types (multiplied with int8 dot products)."""
     block_params_float: int
+    """Block weights of float types other than BF16."""
+    block_params_bf16: int
     head_params: int
     head_type: str
     block_bytes: int
@@ -147,12 +153,12 @@ class ModelCost:
 
     @property
     def params(self) -> int:
-        return self.block_params_int + self.block_params_float + self.head_params
+        return self.block_params_int + self.block_params_float + self.block_params_bf16 + self.head_params
 
-    def prefill_ops(self, context: int) -> tuple[float, float]:
-        """(int8 ops, f32 FLOPs) for one prompt token at ``context`` tokens of attention."""
+    def prefill_ops(self, context: int) -> tuple[float, float, float]:
+        """(int8 ops, bf16 FLOPs, f32 FLOPs) for one prompt token at ``context`` tokens of attention."""
         attn = 4.0 * self.n_layer * self.n_embd * context  # QK^T and PV
-        return 2.0 * self.block_params_int, 2.0 * self.block_params_float + attn
+        return 2.0 * self.block_params_int, 2.0 * self.block_params_bf16, 2.0 * self.block_params_float + attn
 
     def decode_bytes(self, context: int) -> float:
         """Bytes read for one decoded token with ``context`` tokens in the K/V cache (F16)."""
@@ -172,7 +178,7 @@ def model_cost(path: str) -> ModelCost:
                 return f.contents()
         return None
 
-    blocks_int = blocks_float = head = block_bytes = head_bytes = 0
+    blocks_int = blocks_float = blocks_bf16 = head = block_bytes = head_bytes = 0
     head_type, types = "", {}
     has_output = any(t.name == "output.weight" for t in r.tensors)
     for t in r.tensors:
@@ -182,7 +188,9 @@ def model_cost(path: str) -> ModelCost:
             head, head_bytes, head_type = int(t.n_elements), int(t.n_bytes), kind
         elif t.name.startswith("blk.") and len(t.shape) >= 2:  # matrices; norms are vectors
             block_bytes += int(t.n_bytes)
-            if kind in FLOAT_TYPES:
+            if kind == "BF16":
+                blocks_bf16 += int(t.n_elements)
+            elif kind in FLOAT_TYPES:
                 blocks_float += int(t.n_elements)
             else:
                 blocks_int += int(t.n_elements)
@@ -193,6 +201,7 @@ def model_cost(path: str) -> ModelCost:
         name=str(meta("general.name") or Path(path).stem),
         block_params_int=blocks_int,
         block_params_float=blocks_float,
+        block_params_bf16=blocks_bf16,
         head_params=head,
         head_type=head_type,
         block_bytes=block_bytes,
@@ -233,8 +242,10 @@ def machine_limit(model: Any = None, *, threads: int = 1, context: int = 512) ->
         path = info.extra["weights"]
     cost = model_cost(path)
     mach = measure_machine(threads)
-    int_ops, f32_ops = cost.prefill_ops(context // 2)
-    prefill_s = int_ops / (mach.int8_gops * 1e9) + f32_ops / (mach.f32_gflops * 1e9)
+    int_ops, bf16_ops, f32_ops = cost.prefill_ops(context // 2)
+    prefill_s = (
+        int_ops / (mach.int8_gops * 1e9) + bf16_ops / (mach.bf16_gflops * 1e9) + f32_ops / (mach.f32_gflops * 1e9)
+    )
     decode_s = cost.decode_bytes(context) / (mach.read_gbs * 1e9)
     return Limit(
         prefill_tok_s=1.0 / prefill_s,
@@ -313,7 +324,10 @@ def main() -> int:
         prompt = receipt_prompt(m)
         m.close()
         context = len(prompt)
-    rows_m = ["| threads | int8 GEMM GOP/s | f32 GEMM GFLOP/s | read GB/s |", "|---|---|---|---|"]
+    rows_m = [
+        "| threads | int8 GEMM GOP/s | bf16 GEMM GFLOP/s | f32 GEMM GFLOP/s | read GB/s |",
+        "|---|---|---|---|---|",
+    ]
     rows_l = [
         "| threads | prefill limit tok/s | decode limit tok/s | actual prefill tok/s | of limit "
         "| actual decode tok/s | of limit |",
@@ -324,7 +338,7 @@ def main() -> int:
     for t in args.threads:
         lim = machine_limit(path, threads=t, context=context)
         mc = lim.machine
-        rows_m.append(f"| {t} | {mc.int8_gops:.0f} | {mc.f32_gflops:.0f} | {mc.read_gbs:.1f} |")
+        rows_m.append(f"| {t} | {mc.int8_gops:.0f} | {mc.bf16_gflops:.0f} | {mc.f32_gflops:.0f} | {mc.read_gbs:.1f} |")
         if args.no_actual:
             rows_l.append(f"| {t} | {lim.prefill_tok_s:.0f} | {lim.decode_tok_s:.0f} | - | - | - | - |")
         else:
@@ -346,7 +360,8 @@ def main() -> int:
         f"- Versions: python {platform.python_version()}, {package_versions(PACKAGES)}",
         f"- Model: {cost.name} ({Path(path).name}): {cost.params / 1e6:.1f}M matrix parameters "
         f"({cost.weight_types}); blocks {cost.block_params_int / 1e6:.1f}M quantized + "
-        f"{cost.block_params_float / 1e6:.1f}M float; output head {cost.head_params / 1e6:.1f}M {cost.head_type} "
+        f"{cost.block_params_bf16 / 1e6:.1f}M BF16 + {cost.block_params_float / 1e6:.1f}M other float; "
+        f"output head {cost.head_params / 1e6:.1f}M {cost.head_type} "
         f"(tied to the token embedding); {cost.n_layer} layers, n_embd {cost.n_embd}, K/V width {cost.n_kv_dim}.",
         f"- Bytes read per decoded token: {(cost.block_bytes + cost.head_bytes) / 1e6:.1f} MB of weights "
         f"+ the F16 K/V cache at {context} tokens. Prompt for the actual rows: the extraction prompt of the first "
@@ -357,16 +372,18 @@ def main() -> int:
         *rows_m,
         "",
         "- int8 GEMM: fbgemm u8 x s8 (torch quantized Linear), the instruction class of llama.cpp's quantized dot "
-        "products; f32 GEMM: torch (MKL); both the best of SmolLM2's FFN shapes at 512 rows. "
+        "products; bf16 GEMM: torch (oneDNN), the class of llama.cpp's BF16 kernels; f32 GEMM: torch (MKL); "
+        "each the best of SmolLM2's FFN shapes at 512 rows. "
         f"Read: sum of a {READ_BYTES >> 20} MiB int64 array (16x the L3 cache).",
         "",
         "## Limit and the default model against it (plain `Model.prefill`, one-token `Model.eval`)",
         "",
         *rows_l,
         "",
-        "- prefill limit = 1 / (2 x quantized block weights / int8 rate + (2 x float block weights + attention) "
-        "/ f32 rate); the head runs once per prompt, so it is left out. decode limit = read bandwidth / bytes per "
-        "token (all weights including the head, plus the K/V cache).",
+        "- prefill limit = 1 / (2 x quantized block weights / int8 rate + 2 x BF16 block weights / bf16 rate "
+        "+ (2 x other float block weights + attention) / f32 rate); the head runs once per prompt, so it is "
+        "left out. decode limit = read bandwidth / bytes per token (all weights including the head, plus the "
+        "K/V cache).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
