@@ -433,8 +433,8 @@ def report(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"slowest {max(r['ours']['seconds'] for r in records):.1f} s."
     )
     weights_note = (
-        f"both systems in one process; ours runs it as our runtime loads it ({meta['ours_weights']}: the Q8_0 copy "
-        "of `pocket_agent.runtime.layout`), the peer loads the file as shipped."
+        f"both systems in one process; ours runs it as our runtime loads it ({meta['ours_weights']}: the BF16 or Q8_0 "
+        "copy of `pocket_agent.runtime.layout`), the peer loads the file as shipped."
         if "ours_weights" in meta
         else "both systems on the same GGUF in one process."
     )

@@ -150,7 +150,8 @@ def main() -> int:
     print("running gguf rows...", file=sys.stderr, flush=True)
     base = run_ours(docs, gguf, "GGUF, base weights (adapter=None)", adapter=None)
     pre, dec = model_speed(gguf, prompt, n_decode=48)
-    rows.append(Row("GGUF (Q8_0 copy of the Q4_1 file), base weights", base, pre, dec, weights.stat().st_size))
+    copy = weights.suffixes[-2].lstrip(".").upper() if len(weights.suffixes) > 1 else "Q4_1"
+    rows.append(Row(f"GGUF ({copy} copy of the Q4_1 file), base weights", base, pre, dec, weights.stat().st_size))
     gguf_top1 = top1(gguf, docs)
     rows[-1].extra["agreement"] = 1.0
     shipped = run_ours(docs, gguf, "GGUF, shipped extraction LoRA")

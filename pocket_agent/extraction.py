@@ -574,7 +574,10 @@ def extract_many(
     are evaluated in one batch per step, in a second context on the same weights with one
     KV stream per document (about 23 KB per token of extra memory for SmolLM2-135M, 2048
     tokens per document; a longer one is extracted alone); prompts and forced runs are
-    evaluated one document at a time, so every output equals one-by-one extraction.
+    evaluated one document at a time, so every output equals one-by-one extraction on
+    Q8_0 weights; on a BF16 copy (``layout``, :mod:`pocket_agent.runtime.layout`) llama.cpp
+    sums a row alone in another order than a row among several, so a document's logits
+    move by up to ~0.15 and a near-tie may go the other way (``layout="q8_0"`` is exact).
     Everything after generation (number choice, widening, validation, retries) is as in
     :func:`extract`. Measured on 40 SROIE receipts at 1 thread: 3.52 s/doc at ``batch=4``
     against 3.64 one at a time on an Intel Xeon, 2.64 against 2.61 on an AMD EPYC, so it

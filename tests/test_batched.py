@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from conftest import THREADS
@@ -43,11 +45,24 @@ def test_lane_logits_equal_one_sequence(fresh_smollm: Model) -> None:
         assert float(np.abs(got - ref).max()) < 0.05
 
 
-def test_lanes_fed_unequal_runs_equal_one_sequence_decoding(fresh_smollm: Model) -> None:
+@pytest.fixture(scope="module", params=["q8_0", "bf16"])
+def smollm_copy(request: pytest.FixtureRequest) -> Iterator[Model]:
+    """The default model from its Q8_0 and from its BF16 copy (layout "auto" picks one per CPU)."""
+    model = load_model(threads=THREADS, layout=request.param)
+    yield model
+    model.close()
+
+
+def test_lanes_fed_unequal_runs_equal_one_sequence_decoding(smollm_copy: Model) -> None:
     """Lanes fed prompts, single tokens and forced runs side by side get, at every step, the
     logits that evaluating each sequence alone with the same feeds gives (llama.cpp computes
-    one new token's attention differently from several)."""
-    model = fresh_smollm
+    one new token's attention differently from several). Exactly on Q8_0 weights, whose
+    integer dot products do not depend on how many rows are multiplied together; on BF16 a
+    row alone and a row among several are summed in different orders (measured: logits up to
+    ~0.15 apart), so there the same greedy token and a bound."""
+    model = smollm_copy
+    model.reset()
+    bf16 = model.info.extra.get("weights", "").endswith(".bf16.gguf")
     texts = [
         "The invoice number is INV-2041 and the total due is 44.30 EUR. " * 3,
         "Receipt from the shop on the corner, paid in cash. " * 5,
@@ -70,7 +85,11 @@ def test_lanes_fed_unequal_runs_equal_one_sequence_decoding(fresh_smollm: Model)
         for s, step in enumerate(feeds):
             rows = lanes.step({lane: step[i] for i, (lane, _) in enumerate(started)})
             for i, (lane, _) in enumerate(started):
-                np.testing.assert_allclose(rows[lane], refs[i][s], atol=1e-4, err_msg=f"lane {i}, step {s}")
+                if bf16:
+                    assert int(np.argmax(rows[lane])) == int(np.argmax(refs[i][s])), f"lane {i}, step {s}"
+                    assert float(np.abs(rows[lane] - refs[i][s]).max()) < 0.5, f"lane {i}, step {s}"
+                else:
+                    np.testing.assert_allclose(rows[lane], refs[i][s], atol=1e-4, err_msg=f"lane {i}, step {s}")
 
 
 def test_adopted_lane_continues_like_the_main_cache(fresh_smollm: Model) -> None:

@@ -1,4 +1,4 @@
-"""Weight layout: the embedded default model (Q4_1) runs from a cached Q8_0 copy of itself."""
+"""Weight layout: the embedded default model (Q4_1) runs from a cached BF16 or Q8_0 copy of itself."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ from conftest import THREADS, TINY_GGUF
 
 from pocket_agent.errors import InvalidInputError
 from pocket_agent.runtime import Model, default_model_path, load_model
-from pocket_agent.runtime.layout import LAYOUT_ENV, gguf_file_type, layout_setting, q8_0_copy, runtime_gguf
+from pocket_agent.runtime.layout import (
+    LAYOUT_ENV,
+    copy_type,
+    gguf_file_type,
+    layout_setting,
+    native_bf16,
+    q8_0_copy,
+    runtime_gguf,
+)
 
-Q4_1, Q8_0, F16 = 3, 7, 1
+Q4_1, Q8_0, F16, BF16 = 3, 7, 1, 32
 TEXT = (
     "Invoice INV-2041 from ACME Tools Ltd, 12 Harbour Road. Three boxes of screws at 4.10 each and "
     "a hammer at 32.00; total due 44.30 EUR by 15 March 2024. Thank you for your business."
@@ -29,12 +37,24 @@ def token_logprobs(model: Model, ids: list[int]) -> np.ndarray:
     return np.asarray(logp[np.arange(len(ids) - 1), ids[1:]])
 
 
-def test_the_default_model_runs_from_a_q8_0_copy(smollm: Model) -> None:
+def test_the_default_model_runs_from_a_bf16_copy_where_bf16_is_native_else_q8_0(smollm: Model) -> None:
     assert gguf_file_type(default_model_path()) == Q4_1
     assert smollm.info.path == default_model_path()  # still the model the caller named
-    assert "Q8_0" in smollm.info.extra["quantization"]
+    kind = "BF16" if native_bf16() else "Q8_0"
+    assert kind in smollm.info.extra["quantization"]
     copy = Path(smollm.info.extra["weights"])
-    assert gguf_file_type(copy) == Q8_0
+    assert gguf_file_type(copy) == (BF16 if kind == "BF16" else Q8_0)
+
+
+def test_auto_follows_the_cpu(tiny_q4_1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pocket_agent.runtime.llamacpp as llamacpp
+
+    monkeypatch.setattr(llamacpp, "system_info", lambda: "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 |")
+    assert copy_type(tiny_q4_1, "auto", is_default_model=True) == "bf16"
+    monkeypatch.setattr(llamacpp, "system_info", lambda: "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 0 |")
+    assert copy_type(tiny_q4_1, "auto", is_default_model=True) == "q8_0"
+    assert copy_type(tiny_q4_1, "bf16", is_default_model=False) == "bf16"  # asked for: whatever the CPU
+    assert copy_type(TINY_GGUF, "bf16", is_default_model=True) is None  # F16 stays
 
 
 def test_the_copy_is_the_same_model_within_rounding(smollm: Model) -> None:
@@ -82,17 +102,22 @@ def test_a_copy_is_written_once_and_rewritten_when_the_source_changes(tiny_q4_1:
     assert not list((tmp_path / "gguf").glob("*.partial"))
 
 
-def test_load_model_runs_a_q8_0_copy_when_asked(
-    tiny_q4_1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("layout", "kind"), [("q8_0", "Q8_0"), ("bf16", "BF16")])
+def test_load_model_runs_a_copy_when_asked(
+    tiny_q4_1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, kind: str
 ) -> None:
     monkeypatch.setenv("POCKET_AGENT_CACHE", str(tmp_path))
-    model = load_model(tiny_q4_1, threads=THREADS, layout="q8_0")
+    model = load_model(tiny_q4_1, threads=THREADS, layout=layout)
+    original = load_model(tiny_q4_1, threads=THREADS, layout="original")
     try:
-        assert model.info.path == tiny_q4_1 and "Q8_0" in model.info.extra["quantization"]
-        logits = model.eval(model.tokenize("Hello there"), logits="last").logits
-        assert np.isfinite(logits).all()
+        assert model.info.path == tiny_q4_1 and kind in model.info.extra["quantization"]
+        assert Path(model.info.extra["weights"]).name.endswith(f".{layout}.gguf")
+        ids = model.tokenize("Hello there, how are you today?")
+        copy_lp, original_lp = token_logprobs(model, ids), token_logprobs(original, ids)
+        assert np.isfinite(copy_lp).all() and np.abs(copy_lp - original_lp).max() < 0.5
     finally:
         model.close()
+        original.close()
 
 
 def test_an_unwritable_cache_loads_the_source(
@@ -115,6 +140,8 @@ def test_layout_setting(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptu
         load_model(TINY_GGUF, layout="fast")
     monkeypatch.setenv(LAYOUT_ENV, "Q8_0")
     assert layout_setting(None) == "q8_0"
+    monkeypatch.setenv(LAYOUT_ENV, "bf16")
+    assert layout_setting(None) == "bf16"
     monkeypatch.setenv(LAYOUT_ENV, "fastest")
     with caplog.at_level(logging.WARNING, logger="pocket_agent.layout"):
         assert layout_setting(None) == "auto"

@@ -1,4 +1,4 @@
-"""The llama.cpp backend on the embedded default model (SmolLM2-135M-Instruct, run from its Q8_0 copy)."""
+"""The llama.cpp backend on the embedded default model (SmolLM2-135M-Instruct, run from its BF16 or Q8_0 copy)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Two models: the tiny Qwen3 fixture (f16 GGUF; its Hugging Face folder and the GGUF's own
 conversion) and the embedded default SmolLM2-135M (Q4_1 GGUF, converted once per session
-into a temporary cache; compared with llama.cpp on the same Q4_1 file, not the Q8_0 copy the
+into a temporary cache; compared with llama.cpp on the same Q4_1 file, not the BF16/Q8_0 copy the
 default load runs). Measured on this machine (torch 2.13 cpu, llama.cpp 0.3.36):
 
 - tiny fixture: logits max |diff| vs llama.cpp 3.5e-4 over 4 prompts x 16 greedy steps,
@@ -87,7 +87,7 @@ def smol_tf(default_gguf: Path, hf_cache: Path) -> Iterator[Model]:
 @pytest.fixture(scope="module")
 def smollm_q4_1(default_gguf: Path) -> Iterator[Model]:
     """SmolLM2-135M on llama.cpp from the Q4_1 file itself (``layout="original"``): the
-    weights ``smol_tf`` dequantises, where the default load runs a Q8_0 copy."""
+    weights ``smol_tf`` dequantises, where the default load runs a BF16 or Q8_0 copy."""
     model = load_model(default_gguf, threads=THREADS, layout="original")
     yield model
     model.close()
