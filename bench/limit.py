@@ -315,8 +315,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from pocket_agent.runtime import default_model_path, load_model
+    from pocket_agent.runtime.layout import runtime_gguf
 
-    path = args.model or str(default_model_path())
+    # the limit of the weights the actual rows run: the default model's BF16 or Q8_0 copy
+    path = args.model or str(runtime_gguf(default_model_path(), "auto", is_default_model=True))
     cost = model_cost(path)
     context = 512
     if not args.no_actual:
