@@ -42,6 +42,7 @@ def test_the_default_model_runs_from_a_bf16_copy_where_bf16_is_native_else_q8_0(
     assert smollm.info.path == default_model_path()  # still the model the caller named
     kind = "BF16" if native_bf16() else "Q8_0"
     assert kind in smollm.info.extra["quantization"]
+    assert smollm.info.extra["layout"].startswith(f"auto: {kind} copy")
     copy = Path(smollm.info.extra["weights"])
     assert gguf_file_type(copy) == (BF16 if kind == "BF16" else Q8_0)
 

@@ -92,6 +92,14 @@ def copy_type(path: Path, layout: Layout, is_default_model: bool) -> CopyType | 
     return layout
 
 
+def describe_copy(layout: Layout, kind: CopyType) -> str:
+    """How a loaded model's ``layout`` info reads: the layout asked for and the copy it ran."""
+    if layout != "auto":
+        return f"{layout}: {kind.upper()} copy"
+    why = "llama.cpp computes BF16 natively here" if kind == "bf16" else "no native BF16 here"
+    return f"auto: {kind.upper()} copy ({why})"
+
+
 def runtime_gguf(path: Path, layout: Layout, *, is_default_model: bool, cache_dir: str | Path | None = None) -> Path:
     """The GGUF file llama.cpp should load for ``path``: a cached copy or ``path`` itself."""
     kind = copy_type(path, layout, is_default_model)
