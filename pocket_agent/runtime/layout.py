@@ -6,9 +6,9 @@ prompts at about half the speed of its Q8_0 kernels on the same CPU (bench/extra
 (AMD EPYC, 1 thread, SmolLM2-135M with the extraction adapter, rounds interleaved:
 347 tok/s against 266 for Q8_0 and ~140 for Q4_1; a one-token step 16.8 ms against 13.7,
 since BF16 reads twice the bytes). The library's work (extraction, decisions, agent turns)
-is mostly prompt, so BF16 wins there: ~11% less time per SROIE receipt. Both copies are the
+is mostly prompt, so BF16 wins there: ~10% less time per SROIE receipt. Both copies are the
 same model within rounding: Q8_0 stores every Q4_1 weight within 1/254 of its 32-weight
-block's range, BF16 within 1/512 of the weight itself. A copy is written once into the cache
+block's range, BF16 within 1/256 of the weight itself. A copy is written once into the cache
 (``$POCKET_AGENT_CACHE/gguf``; Q8_0 about 1.6x the source's size, BF16 about 3.1x) by
 llama.cpp's own quantizer, and reused while the source file is unchanged.
 
