@@ -100,16 +100,24 @@ def describe_copy(layout: Layout, kind: CopyType) -> str:
     return f"auto: {kind.upper()} copy ({why})"
 
 
-def runtime_gguf(path: Path, layout: Layout, *, is_default_model: bool, cache_dir: str | Path | None = None) -> Path:
-    """The GGUF file llama.cpp should load for ``path``: a cached copy or ``path`` itself."""
+def runtime_weights(
+    path: Path, layout: Layout, *, is_default_model: bool, cache_dir: str | Path | None = None
+) -> tuple[Path, CopyType | None]:
+    """The GGUF file llama.cpp should load for ``path`` and the type of copy it is: a cached
+    copy, or ``(path, None)`` when it runs as it is (also when the copy cannot be written)."""
     kind = copy_type(path, layout, is_default_model)
     if kind is None:
-        return path
+        return path, None
     try:
-        return weights_copy(path, kind, cache_dir=cache_dir)
+        return weights_copy(path, kind, cache_dir=cache_dir), kind
     except OSError as exc:
         logger.warning("Loading %s as it is: its %s copy could not be written (%s).", path, kind.upper(), exc)
-        return path
+        return path, None
+
+
+def runtime_gguf(path: Path, layout: Layout, *, is_default_model: bool, cache_dir: str | Path | None = None) -> Path:
+    """The GGUF file llama.cpp should load for ``path``: a cached copy or ``path`` itself."""
+    return runtime_weights(path, layout, is_default_model=is_default_model, cache_dir=cache_dir)[0]
 
 
 def weights_copy(source: Path, kind: CopyType, *, cache_dir: str | Path | None = None) -> Path:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
-from .layout import copy_type, describe_copy, layout_setting, runtime_gguf
+from .layout import describe_copy, layout_setting, runtime_weights
 
 Backend = Literal["llamacpp", "mnn", "transformers"]
 BACKENDS: tuple[Backend, ...] = ("llamacpp", "mnn", "transformers")
@@ -155,11 +155,9 @@ def load_model(
     if chosen == "llamacpp":
         from .llamacpp import LlamaCppModel
 
-        is_default = _is_default_model(target)
-        weights = runtime_gguf(target, chosen_layout, is_default_model=is_default)
+        weights, kind = runtime_weights(target, chosen_layout, is_default_model=_is_default_model(target))
         model = LlamaCppModel(weights, threads=threads, n_ctx=n_ctx, **backend_options)
-        kind = copy_type(target, chosen_layout, is_default)
-        if weights != target and kind is not None:  # still the file the caller named; its weights run from the copy
+        if kind is not None:  # the model is still the file the caller named; its weights run from the copy
             extra = {**model.info.extra, "weights": str(weights), "layout": describe_copy(chosen_layout, kind)}
             model.info = replace(model.info, path=target, extra=extra)
     elif chosen == "transformers":
