@@ -484,6 +484,7 @@ def main() -> int:
         default=[
             "ours",
             "ours-many",
+            "ours-many-lora",
             "ours-many-batch4",
             "ours-many-q8_0",
             "ours-q4_1",
@@ -517,26 +518,31 @@ def main() -> int:
         row, result_file = args.mnn_worker
         Path(result_file).write_bytes(pickle.dumps(run_mnn_row(row, docs[args.worker_first :], args.threads)))
         return 0
-    model = load_model(threads=args.threads)
+    model = load_model(threads=args.threads)  # base weights: the peers' tokenizer, rows with the LoRA at run time
+    # what extract(model=None) runs: the default model with the extraction adapter merged into its weights
+    extraction = load_model(threads=args.threads, merge_adapter="extract")
     other_layouts: dict[str, Any] = {}
 
-    def in_layout(layout: str) -> Any:
+    def in_layout(layout: str) -> Any:  # merged too where the layout writes a copy (not 'original')
         if layout not in other_layouts:
-            other_layouts[layout] = load_model(threads=args.threads, layout=layout)
+            other_layouts[layout] = load_model(threads=args.threads, layout=layout, merge_adapter="extract")
         return other_layouts[layout]
 
     def runners(part: list[dict[str, Any]], first: int) -> dict[str, Callable[[], Result]]:
         end = first + len(part)
         return {
-            "ours": lambda: run_ours(part, model),
-            "ours-many": lambda: run_many(part, model, 1),
-            "ours-many-batch4": lambda: run_many(part, model, 4),
+            "ours": lambda: run_ours(part, extraction),
+            "ours-many": lambda: run_many(part, extraction, 1),
+            "ours-many-lora": lambda: run_many(
+                part, model, 1, "ours, extract_many(batch=1), the LoRA applied at run time (no merge_adapter)"
+            ),
+            "ours-many-batch4": lambda: run_many(part, extraction, 4),
             "ours-many-q8_0": lambda: run_many(
                 part, in_layout("q8_0"), 1, "ours, extract_many(batch=1) on the Q8_0 copy (layout='q8_0')"
             ),
             "ours-base": lambda: run_ours(part, model, "ours with the base weights (adapter=None)", adapter=None),
             "ours-greedy-numbers": lambda: run_ours(
-                part, model, "ours without the number choice (numbers decoded greedily)", choose=False
+                part, extraction, "ours without the number choice (numbers decoded greedily)", choose=False
             ),
             "ours-q4_1": lambda: run_ours(
                 part, in_layout("original"), "ours on the Q4_1 weights as shipped (layout='original')"
@@ -648,7 +654,8 @@ def main() -> int:
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        for mine in ("ours", "ours-many", "ours-many-batch4", "ours-many-q8_0", "ours-mnn", "ours-mnn-extract"):
+        mine_rows = ("ours", "ours-many", "ours-many-lora", "ours-many-batch4", "ours-many-q8_0", "ours-mnn")
+        for mine in (*mine_rows, "ours-mnn-extract"):
             for key in ("llama-cpp", "llama-cpp-q8_0", "llama-cpp-bf16", "outlines"):
                 if key in results and mine in results:
                     sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
@@ -689,7 +696,9 @@ def main() -> int:
             f"- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), {args.threads} threads, greedy, "
             f"max_tokens {MAX_TOKENS}. Our runtime runs it from its "
             f"{Path(weights_of(model)).suffixes[-2].lstrip('.').upper()} copy (`load_model` layout 'auto', "
-            "pocket_agent.runtime.layout); the peers load the Q4_1 file as shipped unless the row says otherwise.\n"
+            "pocket_agent.runtime.layout), with the extraction adapter merged into the weights "
+            "(`load_model(merge_adapter='extract')`, what `extract(model=None)` runs) unless the row says otherwise; "
+            "the peers load the Q4_1 file as shipped unless the row says otherwise.\n"
             f"- Data: first {len(docs)} SROIE receipts (../shared/data/sroie), schema "
             "{company, date, address, total: number} closed; the same chat prompt for every contender. "
             "Field scores are exact match after whitespace normalisation and case-folding; total as a number.\n\n"

@@ -128,7 +128,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
         from .distributed.cli import extract_many_on_ray
 
         return extract_many_on_ray(args, schema)
-    model = load_model(args.model, threads=args.threads)
+    # the shipped adapter: merged into the weights, which runs faster than applying it (runtime/merged.py)
+    merge = "extract" if _adapter_choice(args.adapter) == "auto" else None
+    model = load_model(args.model, threads=args.threads, merge_adapter=merge)
     if args.many:
         out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
         failed = 0

@@ -41,7 +41,7 @@ from .grounding import (
     widen_words,
 )
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
-from .runtime import Model, resolve_model
+from .runtime import Model, branches_reliable, get_default_model, resolve_model
 from .runtime.task_adapters import AdapterChoice, check_adapter_choice, task_adapter
 
 T = TypeVar("T", bound=BaseModel)
@@ -209,7 +209,8 @@ def _prepare(
             raise SchemaError(
                 f"Invalid JSON Schema: {exc.message} (at {'/'.join(map(str, exc.path)) or 'root'})"
             ) from exc
-    m = resolve_model(model)
+    # the shipped adapter on the default model: the default model with it merged (runtime/merged.py)
+    m = get_default_model("extract") if model is None and adapter == "auto" else resolve_model(model)
     grammar_schema = js if isinstance(schema, Mapping) else close_objects(js)
     # JSON laid out as json.dumps writes it (", " and ": "): SmolLM2-135M copies numbers
     # right far more often after '": ' than after '":' (bench/extract.md).
@@ -217,6 +218,11 @@ def _prepare(
     if lim.max_string_chars is not None:
         grammar_schema = cap_lengths(grammar_schema, max_chars=lim.max_string_chars)
     grammar = compile_grammar(grammar_schema, m)
+    if check_grounding(grounded) != (False, False) and m.capabilities.probabilities:
+        # choosing numbers scores branches; the first call probes the model and clears its KV
+        # cache, which after a document's prompt would cost that prompt again (1-2 s a receipt)
+        with m.lock:
+            branches_reliable(m)
     return _Prepared(
         model=m,
         schema=schema,
@@ -482,6 +488,11 @@ def extract(
             the one shipped for the model, if any (the embedded default model has one; a
             model with LoRAs the caller applied is left as it is), a GGUF LoRA's path
             (e.g. from ``pocket-agent tune extract``), or ``None`` for the base model.
+            With ``model=None`` and ``"auto"`` the default model runs with the adapter
+            merged into its weights (``load_model(merge_adapter="extract")``: faster, the
+            same model within rounding), a model of its own beside the one ``Agent`` and
+            ``decide`` share; a model passed in (or set with ``set_default_model``) is used
+            as it is, with the adapter applied at run time unless it was loaded merged.
     """
     _check_text(text)
     p = _prepare(

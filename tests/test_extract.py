@@ -220,3 +220,26 @@ def test_loop_detection_finds_cycles() -> None:
     assert _looping_token([9, *([3, 4, 5] * 3)], 8) == 3
     assert _looping_token([1, 2, 3, 4, 5, 6, 7, 8, 9], 8) is None
     assert _looping_token([1, 1, 1], 8) is None
+
+
+def test_the_branch_probe_runs_before_the_first_prompt_not_after_it() -> None:
+    # branches_reliable's first call clears the KV cache: run after a document's prompt it
+    # would cost that prompt again (measured: 1.7 s on one SROIE receipt)
+    from pocket_agent.runtime import load_model
+    from pocket_agent.runtime.branches import _reliable
+
+    model = load_model(threads=1, n_ctx=1024)
+    try:
+        resets: list[int] = []
+        reset = model.reset
+
+        def watched_reset() -> None:
+            resets.append(len(model.cached_tokens))
+            reset()
+
+        model.reset = watched_reset  # type: ignore[method-assign]
+        extract(RECEIPT, Receipt, model=model, adapter=None)
+        assert model in _reliable  # probed, whether or not a number had to be chosen
+        assert all(n < 40 for n in resets), resets  # the probe's own short text only, never a prompt
+    finally:
+        model.close()

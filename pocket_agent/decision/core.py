@@ -28,6 +28,7 @@ from ..runtime import (
     resolve_model,
 )
 from ..runtime.identity import model_identity
+from ..runtime.merged import check_base_weights
 from ._features import FeatureSpec, PassRows, build_features, log_softmax_at, logsumexp, needed_positions
 from ._head import softmax
 from ._layout import (
@@ -420,6 +421,7 @@ def forget_default_head(model: Model) -> None:
 
 
 def _resolve_method(model: Model, method: str) -> tuple[str, DecisionAdapter | None]:
+    check_base_weights(model, "decide")
     if method not in METHODS:
         raise InvalidInputError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
     if method == "auto":

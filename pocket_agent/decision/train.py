@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from ..errors import InvalidInputError
 from ..runtime import Model, resolve_model
 from ..runtime.identity import model_identity
+from ..runtime.merged import check_base_weights
 from ._features import FINAL_NORM, FeatureSpec
 from ._head import FitReport, LinearHead, fit_head
 from ._layout import DEFAULT_FORMAT, PromptFormat, check_question
@@ -155,6 +156,7 @@ def extract_features(
     several heads on overlapping data extracts each question once.
     """
     m = resolve_model(model)
+    check_base_weights(m, "a decision head's features")
     rows = as_examples(examples)
     tag = (model_identity(m), features.to_json(), prompt_format.to_json())
     keys = [(*tag, e.question, tuple(e.options), e.context) for e in rows]

@@ -38,9 +38,10 @@ class WorkerSpec:
     threads: int
     model_options: Mapping[str, Any] = field(default_factory=dict)
 
-    def load(self) -> Model:
+    def load(self, **defaults: Any) -> Model:
+        """The actor's model; ``defaults`` are ``load_model`` arguments ``model_options`` may override."""
         t0 = time.perf_counter()
-        model = load_model(self.model, threads=self.threads, **dict(self.model_options))
+        model = load_model(self.model, threads=self.threads, **{**defaults, **self.model_options})
         log.info("pocket_agent worker loaded %s in %.2fs", model.info.path, time.perf_counter() - t0)
         return model
 
@@ -72,10 +73,11 @@ class ExtractWorker:
     def __init__(
         self, spec: WorkerSpec, schema: ShippedSchema, text_column: str, extract_options: Mapping[str, Any]
     ) -> None:
-        self.model = spec.load()
+        self.options = dict(extract_options)
+        # the shipped adapter merged into the weights, as extract(model=None) runs it (runtime/merged.py)
+        self.model = spec.load(merge_adapter="extract" if self.options.get("adapter", "auto") == "auto" else None)
         self.schema = schema.load()
         self.text_column = text_column
-        self.options = dict(extract_options)
         # Compile the schema's grammar now: a schema the engine cannot enforce fails the actor
         # (the whole job) here, instead of turning every row into the same error.
         for _ in extract_many([], self.schema, model=self.model, progress=False, **self.options):

@@ -2,13 +2,15 @@
 
 It reads the key/value header of a GGUF file without numpy, torch or the ``gguf``
 package, so the library can look at a model (architecture, chat template) before it
-starts a heavy conversion step. Tensor data is never read.
+starts a heavy conversion step, and the tensor table (names, types, offsets) for code
+that rewrites a file (:mod:`pocket_agent.runtime._gguf_merge`). Tensor data is never read.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -144,3 +146,74 @@ def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> d
                 if wanted is not None and wanted.issubset(out):
                     break
     return out
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One tensor of a GGUF file: ``dims`` in ggml order (fastest-varying first)."""
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int  # from the start of the data section
+    nbytes: int  # up to the next tensor (alignment padding included) or the end of the file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The numpy (row-major) shape: ``dims`` reversed."""
+        return tuple(reversed(self.dims))
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """Where things are in a little-endian GGUF file: the key/value section as raw bytes
+    (``kv_start``..``kv_end``), the tensor table, and the aligned start of the data."""
+
+    version: int
+    kv_count: int
+    kv_start: int
+    kv_end: int
+    tensors: tuple[GGUFTensorInfo, ...]
+    alignment: int
+    data_start: int
+
+
+def read_gguf_layout(path: str | Path) -> GGUFLayout:
+    """The tensor table of a little-endian GGUF file (no tensor data is read).
+
+    Raises :class:`GGUFFormatError` for anything else (bad magic, version, big-endian).
+    """
+    size = Path(path).stat().st_size
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GGUFFormatError(f"{path} is not a GGUF file (bad magic bytes)")
+        r = _Reader(f, "<")
+        version = r.u32()
+        if version not in (2, 3):
+            raise GGUFFormatError(f"{path}: unsupported GGUF version {version} (or a big-endian file)")
+        n_tensors = r.u64()
+        kv_count = r.u64()
+        kv_start = f.tell()
+        alignment = 32
+        for _ in range(kv_count):
+            key = r.string()
+            vtype = r.u32()
+            value = r.value(vtype, key == "general.alignment")
+            if key == "general.alignment" and isinstance(value, int) and value > 0:
+                alignment = value
+        kv_end = f.tell()
+        raw: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(n_tensors):
+            name = r.string()
+            n_dims = r.u32()
+            if n_dims > 8:
+                raise GGUFFormatError(f"{path}: tensor {name!r} has {n_dims} dimensions")
+            dims = tuple(r.u64() for _ in range(n_dims))
+            raw.append((name, dims, r.u32(), r.u64()))
+        data_start = -(-f.tell() // alignment) * alignment
+    ends = sorted({offset for *_, offset in raw} | {size - data_start})
+    tensors = []
+    for name, dims, ggml_type, offset in raw:
+        following = next(e for e in ends if e > offset) if offset < size - data_start else offset
+        tensors.append(GGUFTensorInfo(name, dims, ggml_type, offset, following - offset))
+    return GGUFLayout(version, kv_count, kv_start, kv_end, tuple(tensors), alignment, data_start)

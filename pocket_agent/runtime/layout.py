@@ -120,27 +120,55 @@ def runtime_gguf(path: Path, layout: Layout, *, is_default_model: bool, cache_di
     return runtime_weights(path, layout, is_default_model=is_default_model, cache_dir=cache_dir)[0]
 
 
-def weights_copy(source: Path, kind: CopyType, *, cache_dir: str | Path | None = None) -> Path:
-    """A ``kind`` copy of ``source`` in the cache, written by llama.cpp's quantizer when missing or stale."""
+def weights_copy(
+    source: Path, kind: CopyType, *, cache_dir: str | Path | None = None, merge: Path | None = None
+) -> Path:
+    """A ``kind`` copy of ``source`` in the cache, written by llama.cpp's quantizer when missing or stale.
+
+    ``merge``: a GGUF LoRA merged into the copy's weights first (:mod:`._gguf_merge`); the copy
+    is then the adapted model, cached apart from the plain one and rewritten when either file changes.
+    """
     from .llamacpp import quantize_gguf  # llama.cpp is imported only when a GGUF is loaded
 
     folder = cache_root(cache_dir) / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
     # one copy per source file: two GGUFs of the same name in different folders do not collide
-    tag = hashlib.sha256(str(source.resolve()).encode("utf-8")).hexdigest()[:8]
-    target = folder / f"{source.stem}.{tag}.{kind}.gguf"
+    tag = _path_tag(source)
+    adapted = "" if merge is None else f".{merge.stem}-{_path_tag(merge)}"
+    target = folder / f"{source.stem}.{tag}{adapted}.{kind}.gguf"
     stamp_path = target.with_suffix(".json")
-    st = source.stat()
-    stamp = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "recipe": _RECIPE}
+    stamp = {**_file_stamp(source), "recipe": _RECIPE}
+    if merge is not None:
+        stamp["merged"] = _file_stamp(merge)
     with file_lock(folder / f".{source.stem}.{tag}.lock"):
         if target.is_file() and _read_stamp(stamp_path) == stamp:
             return target
         partial = target.with_suffix(".partial")
-        quantize_gguf(source, partial, file_type=_FTYPES[kind])
+        if merge is None:
+            quantize_gguf(source, partial, file_type=_FTYPES[kind])
+        else:
+            from ._gguf_merge import write_merged_gguf
+
+            mixed = target.with_suffix(".merging")
+            try:
+                write_merged_gguf(source, merge, mixed)
+                quantize_gguf(mixed, partial, file_type=_FTYPES[kind])
+            finally:
+                mixed.unlink(missing_ok=True)
         os.replace(partial, target)
         stamp_path.write_text(json.dumps(stamp), encoding="utf-8")
-    logger.info("Wrote a %s copy of %s to %s.", kind.upper(), source, target)
+    merged = f" with {merge} merged" if merge else ""
+    logger.info("Wrote a %s copy of %s%s to %s.", kind.upper(), source, merged, target)
     return target
+
+
+def _path_tag(path: Path) -> str:
+    return hashlib.sha256(str(path.resolve()).encode("utf-8")).hexdigest()[:8]
+
+
+def _file_stamp(path: Path) -> dict[str, object]:
+    st = path.stat()
+    return {"source": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def q8_0_copy(source: Path, *, cache_dir: str | Path | None = None) -> Path:

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
-from .layout import describe_copy, layout_setting, runtime_weights
+from .layout import CopyType, describe_copy, layout_setting, runtime_weights
+from .merged import MERGEABLE_TASKS, MERGED_ADAPTER, MERGED_TASK, merge_plan, merged_task
 
 Backend = Literal["llamacpp", "mnn", "transformers"]
 BACKENDS: tuple[Backend, ...] = ("llamacpp", "mnn", "transformers")
@@ -28,6 +29,8 @@ MNN_CONFIG = "config.json"
 
 _default_lock = threading.Lock()
 _default_model: Model | None = None
+_task_models: dict[str, Model] = {}  # get_default_model(task): models with that task's adapter merged
+_user_default = False  # set_default_model() was given a model: it serves every task
 
 
 def resolve_source(source: str | os.PathLike[str] | None = None) -> Path:
@@ -108,6 +111,7 @@ def load_model(
     threads: int | None = None,
     n_ctx: int | None = None,
     layout: str | None = None,
+    merge_adapter: str | os.PathLike[str] | None = None,
     **backend_options: Any,
 ) -> Model:
     """Load a model.
@@ -128,6 +132,15 @@ def load_model(
             as fast as Q4_1 with the same model within rounding; ``"bf16"`` / ``"q8_0"`` do
             that for any 4/5-bit GGUF; ``"original"`` loads files as they are. Default:
             ``$POCKET_AGENT_LAYOUT``, else ``"auto"``.
+        merge_adapter: ``"extract"`` (the extraction LoRA shipped for this model) or the path
+            of an extraction LoRA (GGUF, ``pocket-agent tune extract``), merged into the weights
+            of the copy the model runs from (written once, cached; llama.cpp only). Extraction
+            then runs at the base weights' speed (a LoRA applied at run time costs ~12% per
+            SROIE receipt), and the model serves extraction and plain generation only:
+            ``Agent`` and ``decide`` refuse it (their adapters need the base weights). With
+            ``"extract"`` and nothing to merge (no adapter shipped for the model, a layout that
+            writes no copy) the model loads as usual and ``extract`` applies the adapter at
+            run time. ``extract(model=None)`` uses the default model loaded this way.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn``,
             ``extra_buffers`` and ``adaptive_threads`` for llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
             ``extra_buffers=False`` keeps GGUF weights out of llama.cpp's extra buffer types
@@ -155,11 +168,25 @@ def load_model(
     if chosen == "llamacpp":
         from .llamacpp import LlamaCppModel
 
-        weights, kind = runtime_weights(target, chosen_layout, is_default_model=_is_default_model(target))
+        plan = None
+        kind: CopyType | None
+        if merge_adapter is not None:
+            plan = merge_plan(target, merge_adapter, chosen_layout, lambda: _source_identity(target))
+        if plan is not None:
+            weights, kind, lora, task = plan
+            merged = {MERGED_TASK: task, MERGED_ADAPTER: str(lora)}
+        else:
+            weights, kind = runtime_weights(target, chosen_layout, is_default_model=_is_default_model(target))
+            merged = {}
         model = LlamaCppModel(weights, threads=threads, n_ctx=n_ctx, **backend_options)
         if kind is not None:  # the model is still the file the caller named; its weights run from the copy
-            extra = {**model.info.extra, "weights": str(weights), "layout": describe_copy(chosen_layout, kind)}
+            described = describe_copy(chosen_layout, kind)
+            if merged:
+                described += f", {merged[MERGED_TASK]} adapter merged"
+            extra = {**model.info.extra, "weights": str(weights), "layout": described, **merged}
             model.info = replace(model.info, path=target, extra=extra)
+    elif merge_adapter is not None and merge_adapter not in MERGEABLE_TASKS:  # a task's adapter: applied at run time
+        raise InvalidInputError(f"merge_adapter needs a GGUF model on llama.cpp; {chosen} applies LoRAs at run time.")
     elif chosen == "transformers":
         from .hf import TransformersModel
 
@@ -171,6 +198,18 @@ def load_model(
     return model
 
 
+def _source_identity(path: Path) -> str:
+    """The identity of the GGUF at ``path``, read by loading it as it is on a small context."""
+    from .identity import model_identity
+    from .llamacpp import LlamaCppModel
+
+    probe = LlamaCppModel(path, threads=1, n_ctx=64)
+    try:
+        return model_identity(probe)
+    finally:
+        probe.close()
+
+
 def _is_default_model(path: Path) -> bool:
     try:
         return path.resolve() == default_model_path().resolve()
@@ -178,20 +217,43 @@ def _is_default_model(path: Path) -> bool:
         return False
 
 
-def get_default_model() -> Model:
-    """The process-wide default model, loaded on first use and then reused."""
+def get_default_model(task: str | None = None) -> Model:
+    """The process-wide default model, loaded on first use and then reused.
+
+    ``task="extract"``: the default model for extraction, with the extraction adapter merged
+    into its weights (``load_model(merge_adapter="extract")``), a second model beside the
+    shared one; where nothing is merged (see ``load_model``), or after
+    :func:`set_default_model`, the shared model itself.
+    """
     global _default_model
     with _default_lock:
+        if task is not None and not _user_default:
+            model = _task_models.get(task)
+            if model is None or model.closed:
+                model = load_model(merge_adapter=task)
+                if merged_task(model) != task:  # nothing merged: share the one default model
+                    if _default_model is None or _default_model.closed:
+                        _default_model = model
+                    else:
+                        model.close()
+                        model = _default_model
+                _task_models[task] = model
+            return model
         if _default_model is None or _default_model.closed:
             _default_model = load_model()
         return _default_model
 
 
 def set_default_model(model: Model | None) -> None:
-    """Replace the process-wide default model (``None`` forgets it; the next use reloads)."""
-    global _default_model
+    """Replace the process-wide default model (``None`` forgets it; the next use reloads).
+
+    A model set here serves every task, extraction included (no merged extraction model).
+    """
+    global _default_model, _user_default
     with _default_lock:
         _default_model = model
+        _user_default = model is not None
+        _task_models.clear()
 
 
 def resolve_model(model: Model | str | os.PathLike[str] | None) -> Model:

@@ -26,6 +26,7 @@ from ..errors import AdapterError, InvalidInputError
 from .base import LORA_BASE_KEY, LoraAdapter, Model
 from .gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 from .identity import model_identity
+from .merged import check_merged_choice, merged_task
 
 TASK_KEY = "pocket_agent.task"
 AdapterChoice = str | os.PathLike[str] | Literal["auto"] | None
@@ -84,7 +85,11 @@ def find_shipped_adapter(model: Model, task: str) -> Path | None:
     """The shipped LoRA for ``task`` whose base-model identity is ``model``'s, if any."""
     if not model.capabilities.lora or model.backend not in GGUF_LORA_BACKENDS:
         return None  # MNN takes .mnn LoRAs: none is shipped yet
-    ident = model_identity(model)
+    return shipped_for_identity(model_identity(model), task)
+
+
+def shipped_for_identity(ident: str, task: str) -> Path | None:
+    """The shipped LoRA for ``task`` trained on the base model whose identity is ``ident``."""
     key = (ident, task)
     with _lock:
         if key in _shipped_cache:
@@ -164,7 +169,15 @@ def task_adapter(model: Model, choice: AdapterChoice, task: str) -> Iterator[Lor
     the tools adapter, then the extraction one is back on). Yields the adapter, or None
     when the base weights are used (``choice`` None, or ``"auto"`` with nothing shipped
     for this model), or when ``"auto"`` finds LoRAs the caller applied (left as they are).
+
+    On a model with a task adapter merged into its weights (``load_model(merge_adapter=...)``)
+    only that task runs, with nothing to switch (yields None); anything else raises
+    :class:`AdapterError`.
     """
+    if merged_task(model) is not None:
+        check_merged_choice(model, choice, task)
+        yield None
+        return
     path = _resolve(model, choice, task)
     if path is _LEAVE:
         yield None
