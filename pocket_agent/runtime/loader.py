@@ -135,7 +135,7 @@ def load_model(
         merge_adapter: ``"extract"`` (the extraction LoRA shipped for this model) or the path
             of an extraction LoRA (GGUF, ``pocket-agent tune extract``), merged into the weights
             of the copy the model runs from (written once, cached; llama.cpp only). Extraction
-            then runs at the base weights' speed (a LoRA applied at run time costs ~12% per
+            then runs at the base weights' speed (a LoRA applied at run time costs ~11% per
             SROIE receipt), and the model serves extraction and plain generation only:
             ``Agent`` and ``decide`` refuse it (their adapters need the base weights). With
             ``"extract"`` and nothing to merge (no adapter shipped for the model, a layout that

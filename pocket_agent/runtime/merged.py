@@ -2,7 +2,7 @@
 
 A LoRA applied at run time costs llama.cpp extra matrix products in every adapted layer
 (for the shipped extraction adapter about 10% of prompt speed and 5% of a one-token step;
-12% of an SROIE receipt end to end, AMD EPYC, 1 thread, BF16). ``load_model(merge_adapter=
+11% of an SROIE receipt end to end, AMD EPYC, 1 thread, BF16). ``load_model(merge_adapter=
 "extract")`` instead writes the adapter into the weights of the copy the model runs from
 (:mod:`.layout`), once, cached. Such a model serves that task and plain generation; the other
 tasks refuse it (:func:`check_base_weights`), since their adapters and heads were trained on
@@ -89,6 +89,7 @@ def merge_plan(
             return None
         lora = shipped_for_identity(identity_of(), task)
         if lora is None:
+            logger.info("No %s adapter is shipped for %s: it loads with its base weights.", task, source.name)
             return None
     else:
         lora = Path(adapter).expanduser()
