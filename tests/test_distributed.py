@@ -27,7 +27,7 @@ from pocket_agent import decide_many, extract_many
 from pocket_agent.distributed import decide_dataset, extract_dataset
 from pocket_agent.distributed._schema import ShippedSchema
 from pocket_agent.errors import InvalidInputError, SchemaError
-from pocket_agent.runtime import Model
+from pocket_agent.runtime import Model, load_model
 
 SROIE = SHARED_DATA / "sroie" / "receipts.jsonl"
 # Bounded output so 40 receipts x 2 runs stay at a few minutes on 2 shared cores.
@@ -104,8 +104,12 @@ def test_sroie_on_two_actors_equals_extract_many(local_ray: Any, smollm: Model, 
     for r in rows:  # every input column is kept
         assert out[r["id"]]["text"] == r["text"]
 
-    smollm.reset()
-    local = list(extract_many([r["text"] for r in good], ReceiptKeys, model=smollm, progress=False, **OPTIONS))
+    # the actors run the model as extract(model=None) does: the shipped adapter merged into the weights
+    merged = load_model(default_gguf, threads=1, merge_adapter="extract")
+    try:
+        local = list(extract_many([r["text"] for r in good], ReceiptKeys, model=merged, progress=False, **OPTIONS))
+    finally:
+        merged.close()
     assert all(o.ok for o in local), [str(o.error) for o in local if not o.ok]
     for r, o in zip(good, local, strict=True):
         got = out[r["id"]]
