@@ -247,3 +247,18 @@ def test_extract_keeps_the_adapter_at_run_time_where_nothing_is_merged(
         assert merged_task(m) is None
     finally:
         m.close()
+
+
+def test_an_unwritable_cache_applies_the_adapter_at_run_time_or_says_why(
+    tiny_q4_1: Path, tiny_lora: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("POCKET_AGENT_CACHE", str(blocker))
+    m = load_model(threads=THREADS, merge_adapter="extract")  # the task's adapter: loads, unmerged
+    try:
+        assert merged_task(m) is None and "weights" not in m.info.extra
+    finally:
+        m.close()
+    with pytest.raises(AdapterError, match="Cannot write"):  # a LoRA asked for by path: say why not
+        load_model(tiny_q4_1, threads=THREADS, merge_adapter=tiny_lora, layout="q8_0")

@@ -110,4 +110,11 @@ def merge_plan(
                 f"Cannot merge {lora.name} into {source.name}: merging writes a BF16 or Q8_0 copy, which "
                 f"layout={layout!r} or this file's type (not 4/5-bit) rules out. Apply it at run time instead."
             )
-    return weights_copy(source, kind, merge=lora.resolve()), kind, lora.resolve(), task
+    try:
+        copy = weights_copy(source, kind, merge=lora.resolve())
+    except OSError as exc:  # a read-only cache, a full disk: speed changes, never whether a model loads
+        if by_task:
+            logger.warning("Applying the %s adapter at run time: its merged copy could not be written (%s).", task, exc)
+            return None
+        raise AdapterError(f"Cannot write the copy of {source.name} with {lora.name} merged: {exc}") from exc
+    return copy, kind, lora.resolve(), task
