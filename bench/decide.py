@@ -473,7 +473,7 @@ def main() -> None:
         "load_start": load_start,
         "load_end": loadavg(),
         "versions": versions(),
-        "model": f"{m.info.name} ({m.path.name})",
+        "model": f"{m.info.name} ({m.path.name}; runs as {m.info.extra.get('layout', 'the file as it is')})",
         "identity": model_identity(m),
         "shipped": f"`{path.name}`, training record: `{json.dumps(info, ensure_ascii=False)}`" if path else "",
     }
