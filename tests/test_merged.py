@@ -9,7 +9,7 @@ from pathlib import Path
 import gguf  # the convert extra, which the test command installs
 import numpy as np
 import pytest
-from conftest import THREADS, TINY_GGUF, chat_ids
+from conftest import THREADS, TINY_GGUF, TINY_MNN, chat_ids
 from pydantic import BaseModel
 
 from pocket_agent import Agent, extract
@@ -166,6 +166,8 @@ def test_bad_merges_are_typed_errors(tiny_q4_1: Path, tiny_lora: Path, tmp_path:
         load_model(tiny_q4_1, merge_adapter=tiny_lora, layout="original")
     with pytest.raises(AdapterError, match="not 4/5-bit"):
         load_model(TINY_GGUF, merge_adapter=tiny_lora)
+    with pytest.raises(InvalidInputError, match="needs a GGUF model on llama"):
+        load_model(TINY_MNN, merge_adapter=tiny_lora)
     missing = write_random_lora(tmp_path / "m.gguf", tiny_q4_1, ["blk.0.attn_q.weight"])
     reader = gguf.GGUFReader(str(missing))
     renamed = tmp_path / "renamed.gguf"

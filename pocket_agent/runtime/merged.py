@@ -94,7 +94,7 @@ def merge_plan(
     else:
         lora = Path(adapter).expanduser()
         if not lora.is_file():
-            raise AdapterError(f"LoRA adapter file not found: {lora}")
+            raise AdapterError(f"LoRA adapter file not found: {lora} (merge_adapter takes {MERGEABLE_TASKS} or a path)")
         record = adapter_record(lora)
         task = record.get("task", "")
         if task not in MERGEABLE_TASKS:
