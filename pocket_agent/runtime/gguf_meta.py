@@ -109,6 +109,22 @@ class _Reader:
         raise GGUFFormatError(f"unknown GGUF value type {vtype}")
 
 
+def _open_header(f: BinaryIO, path: str | Path) -> tuple[_Reader, int]:
+    """A reader positioned after the magic and version of an open GGUF file, and the version."""
+    if f.read(4) != GGUF_MAGIC:
+        raise GGUFFormatError(f"{path} is not a GGUF file (bad magic bytes)")
+    raw_version = f.read(4)
+    if len(raw_version) != 4:
+        raise GGUFFormatError(f"{path} is truncated")
+    version = struct.unpack("<I", raw_version)[0]
+    if version in (2, 3):
+        return _Reader(f, "<"), version
+    swapped = struct.unpack(">I", raw_version)[0]
+    if swapped in (2, 3):
+        return _Reader(f, ">"), swapped
+    raise GGUFFormatError(f"{path}: unsupported GGUF version {version}")
+
+
 def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> dict[str, Any]:
     """Return GGUF metadata values.
 
@@ -120,20 +136,7 @@ def read_gguf_metadata(path: str | Path, keys: Iterable[str] | None = None) -> d
     wanted = set(keys) if keys is not None else None
     out: dict[str, Any] = {}
     with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise GGUFFormatError(f"{path} is not a GGUF file (bad magic bytes)")
-        raw_version = f.read(4)
-        if len(raw_version) != 4:
-            raise GGUFFormatError(f"{path} is truncated")
-        endian = "<"
-        version = struct.unpack("<I", raw_version)[0]
-        if version not in (2, 3):
-            swapped = struct.unpack(">I", raw_version)[0]
-            if swapped in (2, 3):
-                endian, version = ">", swapped
-            else:
-                raise GGUFFormatError(f"{path}: unsupported GGUF version {version}")
-        r = _Reader(f, endian)
+        r, _ = _open_header(f, path)
         r.u64()  # tensor count
         kv_count = r.u64()
         for _ in range(kv_count):
@@ -185,12 +188,9 @@ def read_gguf_layout(path: str | Path) -> GGUFLayout:
     """
     size = Path(path).stat().st_size
     with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise GGUFFormatError(f"{path} is not a GGUF file (bad magic bytes)")
-        r = _Reader(f, "<")
-        version = r.u32()
-        if version not in (2, 3):
-            raise GGUFFormatError(f"{path}: unsupported GGUF version {version} (or a big-endian file)")
+        r, version = _open_header(f, path)
+        if r.endian != "<":
+            raise GGUFFormatError(f"{path} is a big-endian GGUF file")
         n_tensors = r.u64()
         kv_count = r.u64()
         kv_start = f.tell()

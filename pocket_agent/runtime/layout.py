@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -160,6 +161,24 @@ def weights_copy(
     merged = f" with {merge} merged" if merge else ""
     logger.info("Wrote a %s copy of %s%s to %s.", kind.upper(), source, merged, target)
     return target
+
+
+def cached_identity(source: Path, compute: Callable[[Path], str], *, cache_dir: str | Path | None = None) -> str:
+    """``compute(source)`` (a model identity), kept in the cache beside the copies and reused
+    while ``source`` is unchanged, so matching an adapter does not load the model every start."""
+    folder = cache_root(cache_dir) / "gguf"
+    record = folder / f"{source.stem}.{_path_tag(source)}.identity.json"
+    stamp = _file_stamp(source)
+    known = _read_stamp(record)
+    if known is not None and known.get("file") == stamp and isinstance(known.get("identity"), str):
+        return str(known["identity"])
+    identity = compute(source)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"file": stamp, "identity": identity}), encoding="utf-8")
+    except OSError as exc:  # a read-only cache: computed again next time
+        logger.debug("Identity of %s not cached: %s", source, exc)
+    return identity
 
 
 def _path_tag(path: Path) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
-from .layout import CopyType, describe_copy, layout_setting, runtime_weights
+from .layout import CopyType, cached_identity, describe_copy, layout_setting, runtime_weights
 from .merged import MERGEABLE_TASKS, MERGED_ADAPTER, MERGED_TASK, merge_plan, merged_task
 
 Backend = Literal["llamacpp", "mnn", "transformers"]
@@ -199,15 +199,18 @@ def load_model(
 
 
 def _source_identity(path: Path) -> str:
-    """The identity of the GGUF at ``path``, read by loading it as it is on a small context."""
+    """The identity of the GGUF at ``path``: loaded as it is on a small context the first time, then cached."""
     from .identity import model_identity
     from .llamacpp import LlamaCppModel
 
-    probe = LlamaCppModel(path, threads=1, n_ctx=64)
-    try:
-        return model_identity(probe)
-    finally:
-        probe.close()
+    def probe_identity(source: Path) -> str:
+        probe = LlamaCppModel(source, threads=1, n_ctx=64)
+        try:
+            return model_identity(probe)
+        finally:
+            probe.close()
+
+    return cached_identity(path, probe_identity)
 
 
 def _is_default_model(path: Path) -> bool:
