@@ -6,8 +6,10 @@ documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt fo
   ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens,
                 grounded strings, number fields chosen among the printed numbers)
   ours-greedy-numbers  the same without the number choice (ablation)
-  ours-many-q8_0  extract_many on the Q8_0 copy (layout="q8_0"): the layout "auto" picks BF16
-                where llama.cpp computes BF16 natively, this row shows what that buys
+  ours-many-bf16  extract_many on one BF16 copy (layout="bf16"); where llama.cpp computes BF16
+                natively the ours rows run split weights (prompts on the BF16 copy with flash
+                attention, generation on the Q8_0 copy), this row shows what that buys
+  ours-many-q8_0  extract_many on the Q8_0 copy (layout="q8_0")
   ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head; base
                 weights, as MNN applies no LoRA at run time)
   ours-mnn-extract  the MNN extraction build (the shipped adapter merged in, its layers 8-bit);
@@ -121,6 +123,7 @@ class Result:
         self.decode_tokens = 0
         self.decode_s = 0.0
         self.weights: Path | None = None  # the weight file(s) the row ran, for its limit
+        self.gen_weights: Path | None = None  # split weights: the file generation ran on (its decode limit)
 
     def merge(self, later: Result) -> Result:
         """This row's results followed by ``later``'s (the same contender on the next documents)."""
@@ -191,6 +194,24 @@ def weights_of(model: Any) -> Path:
     return Path(extra.get("weights") or model.path)
 
 
+def generation_weights_of(model: Any) -> Path | None:
+    """The file generation runs on where a model runs split weights (layout 'split'), else None."""
+    extra = getattr(getattr(model, "info", None), "extra", {}) or {}
+    return Path(extra["generation weights"]) if extra.get("generation weights") else None
+
+
+def runs_from(model: Any) -> str:
+    """What the header says about the weights a model runs: one copy, or split weights."""
+    kind = Path(weights_of(model)).suffixes[-2].lstrip(".").upper()
+    gen = generation_weights_of(model)
+    if gen is None:
+        return f"its {kind} copy"
+    return (
+        f"split weights: prompts on its {kind} copy with flash attention, generation on its "
+        f"{gen.suffixes[-2].lstrip('.').upper()} copy"
+    )
+
+
 def run_ours(
     docs: list[dict[str, Any]],
     model: Any,
@@ -219,6 +240,7 @@ def _run_ours(docs: list[dict[str, Any]], model: Any, res: Result, choose: bool)
     from pocket_agent.grounding import DEFAULT_GROUNDING, choose_numbers, widen_words
 
     res.weights = weights_of(model)
+    res.gen_weights = generation_weights_of(model)
     clear_cache()
     t0 = time.perf_counter()
     limits = Limits(max_tokens=MAX_TOKENS)
@@ -276,6 +298,7 @@ def run_many(docs: list[dict[str, Any]], model: Any, batch: int, label: str = ""
             timer.close()
     per_doc = (time.perf_counter() - t0) / len(docs)
     res.weights = weights_of(model)
+    res.gen_weights = generation_weights_of(model)
     for outcome, doc in zip(outcomes, docs, strict=True):
         pred = outcome.value.model_dump() if outcome.ok else None
         if not outcome.ok:
@@ -452,7 +475,10 @@ def row_limits(results: dict[str, Result], context: int, threads: int) -> dict[s
             continue
         if r.weights.suffix == ".gguf":
             lim = machine_limit(str(r.weights), threads=threads, context=context)
-            out[name] = (lim.prefill_tok_s, lim.decode_tok_s)
+            decode = lim.decode_tok_s
+            if r.gen_weights is not None:  # split weights: prompts on one file, generation on the other
+                decode = machine_limit(str(r.gen_weights), threads=threads, context=context).decode_tok_s
+            out[name] = (lim.prefill_tok_s, decode)
         else:  # an MNN build: config.json beside llm.mnn and its weight file
             lim = machine_limit(None, threads=threads, context=context)
             weight_bytes = sum(f.stat().st_size for f in r.weights.parent.glob("llm.mnn*"))
@@ -486,6 +512,7 @@ def main() -> int:
             "ours-many",
             "ours-many-lora",
             "ours-many-batch4",
+            "ours-many-bf16",
             "ours-many-q8_0",
             "ours-q4_1",
             "ours-base",
@@ -537,6 +564,9 @@ def main() -> int:
                 part, model, 1, "ours, extract_many(batch=1), the LoRA applied at run time (no merge_adapter)"
             ),
             "ours-many-batch4": lambda: run_many(part, extraction, 4),
+            "ours-many-bf16": lambda: run_many(
+                part, in_layout("bf16"), 1, "ours, extract_many(batch=1) on one BF16 copy (layout='bf16')"
+            ),
             "ours-many-q8_0": lambda: run_many(
                 part, in_layout("q8_0"), 1, "ours, extract_many(batch=1) on the Q8_0 copy (layout='q8_0')"
             ),
@@ -654,7 +684,15 @@ def main() -> int:
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        mine_rows = ("ours", "ours-many", "ours-many-lora", "ours-many-batch4", "ours-many-q8_0", "ours-mnn")
+        mine_rows = (
+            "ours",
+            "ours-many",
+            "ours-many-lora",
+            "ours-many-batch4",
+            "ours-many-bf16",
+            "ours-many-q8_0",
+            "ours-mnn",
+        )
         for mine in (*mine_rows, "ours-mnn-extract"):
             for key in ("llama-cpp", "llama-cpp-q8_0", "llama-cpp-bf16", "outlines"):
                 if key in results and mine in results:
@@ -694,8 +732,7 @@ def main() -> int:
             "compiles, caches).\n"
             f"- Python {platform.python_version()}; {', '.join(vers)}\n"
             f"- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), {args.threads} threads, greedy, "
-            f"max_tokens {MAX_TOKENS}. Our runtime runs it from its "
-            f"{Path(weights_of(model)).suffixes[-2].lstrip('.').upper()} copy (`load_model` layout 'auto', "
+            f"max_tokens {MAX_TOKENS}. Our runtime runs it from {runs_from(extraction)} (`load_model` layout 'auto', "
             "pocket_agent.runtime.layout), with the extraction adapter merged into the weights "
             "(`load_model(merge_adapter='extract')`, what `extract(model=None)` runs) unless the row says otherwise; "
             "the peers load the Q4_1 file as shipped unless the row says otherwise.\n"

@@ -456,7 +456,7 @@ def test_adaptive_threads_give_the_same_logits_as_one_thread(default_gguf: Path)
     two = load_model(default_gguf, threads=2)
     one = load_model(default_gguf, threads=1)
     used: list[int] = []
-    governor = two._governor  # type: ignore[attr-defined]
+    governor = two._contexts()[0].governor  # type: ignore[attr-defined]
     set_threads = governor._set_threads
     governor._set_threads = lambda n: (used.append(n), set_threads(n))
     try:
@@ -480,7 +480,7 @@ def test_flash_attention_keeps_a_fixed_thread_count(default_gguf: Path) -> None:
     # counts would make outputs depend on timing
     model = load_model(default_gguf, threads=2, flash_attn=True)
     try:
-        assert not model._governor.adaptive  # type: ignore[attr-defined]
+        assert not model._contexts()[0].governor.adaptive  # type: ignore[attr-defined]
         assert model.info.extra["threads"] == "2"
     finally:
         model.close()

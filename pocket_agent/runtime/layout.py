@@ -16,7 +16,16 @@ llama.cpp's own quantizer, and reused while the source file is unchanged.
 
 - ``"auto"`` (default): the embedded default model runs as BF16 where llama.cpp's build
   uses AVX512-BF16 (its system info), else as Q8_0; any other file as it is.
+  A model with the extraction adapter merged (``merge_adapter``) runs split where BF16 is
+  native, below.
 - ``"bf16"`` / ``"q8_0"``: every Q4_0/Q4_1/Q5_0/Q5_1 GGUF runs as a copy of that type.
+- ``"split"``: prompts run on the BF16 copy and generation on the Q8_0 copy (both written;
+  ``LlamaCppModel(generation_weights=...)``). A prompt is bound by arithmetic, where BF16 is
+  fastest (and llama.cpp's flash attention, which the prompt context uses, 1.2x faster on a
+  500-token prompt), a one-token step by reading every weight once, where Q8_0's half the
+  bytes win; the prompt's keys and values move to the generation context (~10-20 ms for 500
+  tokens). SROIE, AMD EPYC, 1 thread: see ``bench/extract.md``. Such a model applies no LoRA
+  at run time (merge it instead) and holds both copies and two KV caches.
 - ``"original"``: every file runs as it is.
 
 A copy that cannot be written (read-only cache, full disk) is logged and the source is
@@ -39,8 +48,8 @@ from .gguf_meta import GGUFFormatError, read_gguf_metadata
 
 logger = logging.getLogger("pocket_agent.layout")
 
-Layout = Literal["auto", "bf16", "q8_0", "original"]
-LAYOUTS: tuple[Layout, ...] = ("auto", "bf16", "q8_0", "original")
+Layout = Literal["auto", "bf16", "q8_0", "split", "original"]
+LAYOUTS: tuple[Layout, ...] = ("auto", "bf16", "q8_0", "split", "original")
 CopyType = Literal["bf16", "q8_0"]
 LAYOUT_ENV = "POCKET_AGENT_LAYOUT"
 
@@ -62,7 +71,7 @@ def layout_setting(argument: str | None) -> Layout:
     if raw in LAYOUTS:
         return raw  # type: ignore[return-value]
     if raw:
-        logger.warning("Ignoring %s=%r: use auto, bf16, q8_0 or original.", LAYOUT_ENV, raw)
+        logger.warning("Ignoring %s=%r: use auto, bf16, q8_0, split or original.", LAYOUT_ENV, raw)
     return "auto"
 
 
@@ -90,11 +99,25 @@ def copy_type(path: Path, layout: Layout, is_default_model: bool) -> CopyType | 
         return None
     if layout == "auto":
         return "bf16" if native_bf16() else "q8_0"
-    return layout
+    return "bf16" if layout == "split" else layout
 
 
-def describe_copy(layout: Layout, kind: CopyType) -> str:
+def generation_copy(layout: Layout, kind: CopyType | None, *, merged: bool) -> CopyType | None:
+    """The type of the second copy generation runs on (split weights), or None for one copy.
+
+    ``"split"`` always; ``"auto"`` for a model with an adapter merged that runs BF16 (its
+    tasks never apply a LoRA at run time, which split weights cannot)."""
+    if kind != "bf16":
+        return None
+    if layout == "split" or (layout == "auto" and merged):
+        return "q8_0"
+    return None
+
+
+def describe_copy(layout: Layout, kind: CopyType, generation: CopyType | None = None) -> str:
     """How a loaded model's ``layout`` info reads: the layout asked for and the copy it ran."""
+    if generation is not None:
+        return f"{layout}: {kind.upper()} copy for prompts, {generation.upper()} copy for generation"
     if layout != "auto":
         return f"{layout}: {kind.upper()} copy"
     why = "llama.cpp computes BF16 natively here" if kind == "bf16" else "no native BF16 here"

@@ -10,6 +10,7 @@ embedded default model. :func:`get_default_model` keeps one process-wide model t
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import replace
@@ -19,8 +20,18 @@ from typing import Any, Literal
 from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
-from .layout import CopyType, cached_identity, describe_copy, layout_setting, runtime_weights
+from .layout import (
+    CopyType,
+    cached_identity,
+    describe_copy,
+    generation_copy,
+    layout_setting,
+    runtime_weights,
+    weights_copy,
+)
 from .merged import MERGEABLE_TASKS, MERGED_ADAPTER, MERGED_TASK, merge_plan, merged_task
+
+logger = logging.getLogger("pocket_agent.loader")
 
 Backend = Literal["llamacpp", "mnn", "transformers"]
 BACKENDS: tuple[Backend, ...] = ("llamacpp", "mnn", "transformers")
@@ -170,6 +181,7 @@ def load_model(
 
         plan = None
         kind: CopyType | None
+        lora: Path | None = None
         if merge_adapter is not None:
             plan = merge_plan(target, merge_adapter, chosen_layout, lambda: _source_identity(target))
         if plan is not None:
@@ -178,12 +190,20 @@ def load_model(
         else:
             weights, kind = runtime_weights(target, chosen_layout, is_default_model=_is_default_model(target))
             merged = {}
+        gen_kind = generation_copy(chosen_layout, kind, merged=bool(merged))
+        gen_weights = _generation_weights(target, gen_kind, lora)
+        if gen_weights is None:
+            gen_kind = None
+        else:
+            backend_options = {**backend_options, "generation_weights": gen_weights}
         model = LlamaCppModel(weights, threads=threads, n_ctx=n_ctx, **backend_options)
         if kind is not None:  # the model is still the file the caller named; its weights run from the copy
-            described = describe_copy(chosen_layout, kind)
+            described = describe_copy(chosen_layout, kind, gen_kind)
             if merged:
                 described += f", {merged[MERGED_TASK]} adapter merged"
             extra = {**model.info.extra, "weights": str(weights), "layout": described, **merged}
+            if gen_weights is not None:
+                extra["generation weights"] = str(gen_weights)
             model.info = replace(model.info, path=target, extra=extra)
     elif merge_adapter is not None and merge_adapter not in MERGEABLE_TASKS:  # a task's adapter: applied at run time
         raise InvalidInputError(f"merge_adapter needs a GGUF model on llama.cpp; {chosen} applies LoRAs at run time.")
@@ -196,6 +216,19 @@ def load_model(
 
         model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
     return model
+
+
+def _generation_weights(source: Path, kind: CopyType | None, lora: Path | None) -> Path | None:
+    """The copy split weights generate on (``lora`` merged in too), or None: one copy runs everything."""
+    if kind is None:
+        return None
+    try:
+        return weights_copy(source, kind, merge=lora)
+    except OSError as exc:  # speed changes, never whether a model loads
+        logger.warning(
+            "Generating on the prompt weights: the %s copy of %s could not be written (%s).", kind, source, exc
+        )
+        return None
 
 
 def _source_identity(path: Path) -> str:
