@@ -684,20 +684,6 @@ def main() -> int:
             )
         if ours.errors:
             notes.append(f"- ours: errors {ours.errors}")
-        mine_rows = (
-            "ours",
-            "ours-many",
-            "ours-many-lora",
-            "ours-many-batch4",
-            "ours-many-bf16",
-            "ours-many-q8_0",
-            "ours-mnn",
-        )
-        for mine in (*mine_rows, "ours-mnn-extract"):
-            for key in ("llama-cpp", "llama-cpp-q8_0", "llama-cpp-bf16", "outlines"):
-                if key in results and mine in results:
-                    sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
-                    notes.append(f"- {results[mine].name} is {sp:.2f}x faster per document than {results[key].name}")
         if "unconstrained" in results:
             free = results["unconstrained"]
             ours_rate = ours.gen_tokens / ours.gen_seconds
@@ -706,6 +692,20 @@ def main() -> int:
                 f"- effective output tokens/s after the prompt (forced tokens count): ours {ours_rate:.1f} vs "
                 f"unconstrained {free_rate:.1f} ({ours_rate / free_rate:.2f}x)"
             )
+    mine_rows = (
+        "ours",
+        "ours-many",
+        "ours-many-lora",
+        "ours-many-batch4",
+        "ours-many-bf16",
+        "ours-many-q8_0",
+        "ours-mnn",
+    )
+    for mine in (*mine_rows, "ours-mnn-extract"):
+        for key in ("llama-cpp", "llama-cpp-q8_0", "llama-cpp-bf16", "outlines"):
+            if key in results and mine in results:
+                sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
+                notes.append(f"- {results[mine].name} is {sp:.2f}x faster per document than {results[key].name}")
     table = "\n".join(lines)
     print(table)
     print("\n".join(notes))
