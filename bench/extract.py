@@ -206,6 +206,8 @@ def runs_from(model: Any) -> str:
     gen = generation_weights_of(model)
     if gen is None:
         return f"its {kind} copy"
+    if gen == Path(weights_of(model)):
+        return f"its {kind} copy, prompts in a second context with flash attention"
     return (
         f"split weights: prompts on its {kind} copy with flash attention, generation on its "
         f"{gen.suffixes[-2].lstrip('.').upper()} copy"

@@ -190,3 +190,44 @@ def test_the_merged_extraction_model_runs_split(smollm: object) -> None:
         assert extract(INVOICES[0], Invoice, model=model) == one_by_one[0]
     finally:
         model.close()
+
+
+def test_one_set_of_weights_in_two_contexts_takes_loras(default_gguf: Path, tmp_path: Path) -> None:
+    from test_lora import write_lora
+
+    two = LlamaCppModel(default_gguf, threads=THREADS, generation_weights=default_gguf)
+    flash = LlamaCppModel(default_gguf, threads=THREADS, flash_attn=True)
+    try:
+        assert two.split and two._gen_model is None  # one set of weights, two contexts
+        ids = two.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
+
+        def prompt_and_step(m: LlamaCppModel) -> tuple[np.ndarray, np.ndarray]:
+            m.reset()
+            return m.prefill(ids).logits[-1], m.eval(ids[1:2]).logits[-1]
+
+        base = prompt_and_step(two)
+        assert np.array_equal(base[0], flash.prefill(ids).logits[-1])  # the prompt: flash attention
+        lora = write_lora(tmp_path / "lora.gguf", "llama")
+        adapter = two.load_lora(lora)
+        adapted = prompt_and_step(two)
+        assert all(np.abs(a - b).max() > 1e-3 for a, b in zip(adapted, base, strict=True))  # both contexts
+        flash.load_lora(lora)
+        flash.reset()
+        assert np.array_equal(adapted[0], flash.prefill(ids).logits[-1])
+        two.remove_lora(adapter)
+        assert all(np.array_equal(a, b) for a, b in zip(prompt_and_step(two), base, strict=True))
+    finally:
+        two.close()
+        flash.close()
+
+
+def test_which_layouts_generate_in_a_context_of_their_own() -> None:
+    from pocket_agent.runtime.layout import describe_copy, generation_copy
+
+    assert generation_copy("split", "bf16", merged=False) == "q8_0"
+    assert generation_copy("auto", "bf16", merged=True) == "q8_0"  # the merged extraction model, BF16 native
+    assert generation_copy("auto", "q8_0", merged=True) == "q8_0"  # elsewhere: its own copy, a second context
+    for layout, kind, merged in (("auto", "bf16", False), ("bf16", "bf16", True), ("q8_0", "q8_0", True)):
+        assert generation_copy(layout, kind, merged=merged) is None  # type: ignore[arg-type]
+    assert generation_copy("auto", None, merged=True) is None
+    assert describe_copy("auto", "q8_0", "q8_0").endswith("prompts in a flash-attention context")

@@ -140,7 +140,9 @@ class LlamaCppModel(Model):
         then evaluated with flash attention, 1.2x faster on a 500-token prompt and, for
         batches of two or more tokens, the same logits on any thread count; generation keeps
         ``flash_attn``. LoRA adapters cannot be applied at run time to such a model (merge
-        them: ``merge_adapter``).
+        them: ``merge_adapter``). ``generation_weights`` naming ``path`` itself keeps one set of
+        weights with two contexts: prompts with flash attention, generation without (LoRAs
+        then apply to both).
         """
         super().__init__()
         p = Path(path)
@@ -192,7 +194,9 @@ class LlamaCppModel(Model):
             # split weights evaluate prompts with flash attention (see generation_weights)
             self._main = self._context(model, n_ctx, self._flash_attn or generation_weights is not None)
             self._gen = self._main
-            if generation_weights is not None:
+            if generation_weights is not None and Path(generation_weights).resolve() == p.resolve():
+                self._gen = self._context(model, n_ctx, self._flash_attn)  # same weights, another context
+            elif generation_weights is not None:
                 self._gen = self._generation_context(Path(generation_weights), mparams, n_ctx)
         except BackendError as exc:
             self._close()
@@ -356,7 +360,7 @@ class LlamaCppModel(Model):
 
     @property
     def split(self) -> bool:
-        """Whether generation runs on other weights than prompts (``generation_weights``)."""
+        """Whether generation runs in another context than prompts (``generation_weights``)."""
         return self._gen is not self._main
 
     def _contexts(self) -> tuple[EvalContext, EvalContext]:
@@ -554,7 +558,7 @@ class LlamaCppModel(Model):
             self._lanes.set_loras([])  # re-applied when lanes next open
 
     def _load_lora(self, path: Path) -> object:
-        if self.split:
+        if self._gen_model is not None:
             raise AdapterError(
                 f"This model runs split weights (prompts and generation on two copies, layout='split'), "
                 f"which apply no LoRA at run time; {path.name} cannot be loaded on it. Merge an extraction "
@@ -573,9 +577,11 @@ class LlamaCppModel(Model):
         n = len(active)
         arr = (lc.llama_adapter_lora_p_ctypes * max(n, 1))(*[a.handle for a in active])
         scales = (ctypes.c_float * max(n, 1))(*[a.scale for a in active])
-        rc = lc.llama_set_adapters_lora(self._contexts()[0].ctx, arr if n else None, n, scales if n else None)
-        if rc != 0:
-            raise AdapterError(f"llama.cpp could not apply the LoRA adapters (code {rc}).")
+        main, gen = self._contexts()
+        for c in (main, gen) if gen is not main else (main,):
+            rc = lc.llama_set_adapters_lora(c.ctx, arr if n else None, n, scales if n else None)
+            if rc != 0:
+                raise AdapterError(f"llama.cpp could not apply the LoRA adapters (code {rc}).")
         # the KV cache is forgotten before the next evaluation if its weights differ (base)
 
     def _free_lora(self, adapter: LoraAdapter) -> None:
