@@ -1,9 +1,10 @@
 """One llama.cpp context that evaluates tokens: its batch, thread governor and KV cache.
 
-:class:`~pocket_agent.runtime.llamacpp.LlamaCppModel` holds one of these, or two where it
-runs split weights (``layout="split"``): prompts on a BF16 copy with flash attention,
-generation on a Q8_0 copy, the prompt's keys and values carried from the first context to
-the second (re-laid out by :mod:`._llamacpp_kvstate` where only one uses flash attention).
+:class:`~pocket_agent.runtime.llamacpp.LlamaCppModel` holds one of these, or two where
+generation runs in a context of its own (``generation_weights``): prompts with flash
+attention (on a BF16 copy under ``layout="split"``), generation without it (on a Q8_0 copy,
+or on the same weights), the prompt's keys and values carried from the first context to the
+second (re-laid out by :mod:`._llamacpp_kvstate` where only one uses flash attention).
 """
 
 from __future__ import annotations
