@@ -71,7 +71,7 @@ def single_process(docs: list[dict[str, Any]], threads: int) -> tuple[Run, float
     from pocket_agent import extract_many, load_model
 
     t0 = time.perf_counter()
-    model = load_model(threads=threads)
+    model = load_model(threads=threads, merge_adapter="extract")  # as the actors (and extract(model=None)) load it
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     outs = list(extract_many([d["text"] for d in docs], ReceiptKeys, model=model, progress=False, **OPTIONS))
@@ -92,7 +92,7 @@ def probe_actor(ray: Any) -> dict[str, float]:
             from pocket_agent import extract_many, load_model
 
             t1 = time.perf_counter()
-            model = load_model(threads=1)
+            model = load_model(threads=1, merge_adapter="extract")
             t2 = time.perf_counter()
             for _ in extract_many([], ReceiptKeys, model=model, progress=False, **OPTIONS):
                 pass
@@ -210,8 +210,9 @@ def main() -> int:
         f"where, measured here: T_ray = {ray_start:.1f} s (a local `ray.init`; 0 when the job joins a running "
         f"cluster), T_rebalance = {rebalance[2]:.1f}-{rebalance[1]:.1f} s for these {len(docs)} documents (it grows "
         f"with the input: it is one pass over it), T_actor = {probe['ready_s']:.1f} s (all actors start in "
-        f"parallel; the model load is {probe['load_s']:.2f} s of it for a 98 MB GGUF, and it grows with the "
-        f"model file), t_doc = {per_doc:.2f} s for one ~400-token receipt on one warm 1-thread model, and e is "
+        f"parallel; the model load is {probe['load_s']:.2f} s of it for the cached copies of a 98 MB GGUF, and it "
+        f"grows with the model file), t_doc = {per_doc:.2f} s for one ~400-token receipt on one warm 1-thread "
+        "model, and e is "
         f"the efficiency of one more actor: here 2 actors did the documents' part {work1 / work2:.2f}x as fast "
         f"as 1 actor (e = {eff:.2f}).\n\n"
         "Where the curve stops being linear, and why:\n\n"
@@ -255,7 +256,8 @@ def main() -> int:
             f"on {time.strftime('%Y-%m-%d')}.\n\n"
             f"- Machine: {machine()}; shared with other sessions and noisy, so compare rows of one run.\n"
             f"- Python {platform.python_version()}; {versions()}\n"
-            "- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), greedy, "
+            "- Model: SmolLM2-135M-Instruct GGUF Q4_1 (embedded default), loaded everywhere as `extract(model=None)` "
+            "loads it (the extraction adapter merged; split weights where BF16 is native), greedy, "
             f"max_tokens {OPTIONS['max_tokens']}; Ray batch size {BATCH}.\n"
             f"- Data: first {len(docs)} SROIE receipts (../shared/data/sroie, about 400 tokens each), schema "
             "{date, total} (strings of at most 20 and 10 characters), so the prompt dominates each document.\n"
