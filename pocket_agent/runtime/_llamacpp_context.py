@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -20,3 +21,14 @@ def context_params(lc: Any, *, n_ctx: int, n_batch: int, n_seq: int, threads: in
     cparams.embeddings = False
     cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
     return cparams
+
+
+def fill_batch(batch: Any, items: Sequence[tuple[int, int, int, bool]]) -> None:
+    """Write ``(token, position, sequence, want_logits)`` items into a ``llama_batch``, one sequence per token."""
+    for i, (tok, pos, seq, out) in enumerate(items):
+        batch.token[i] = tok
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = 1 if out else 0
+    batch.n_tokens = len(items)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError
+from ._llamacpp_context import fill_batch
 from ._llamacpp_kvstate import relayout_values
 from ._threads import ThreadGovernor
 
@@ -60,13 +61,7 @@ class EvalContext:
     def decode(self, items: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode ``(token, pos, seq_id, want_output)`` items (at most ``n_batch``) in one ``llama_decode``."""
         b = self.batch
-        for i, (tok, pos, seq, out) in enumerate(items):
-            b.token[i] = tok
-            b.pos[i] = pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = 1 if out else 0
-        b.n_tokens = len(items)
+        fill_batch(b, items)
         rc = self.governor.run(len(items), lambda: self._lc.llama_decode(self.ctx, b))
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}: {self._recent_errors()}")

@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import BackendError
-from ._llamacpp_context import context_params
+from ._llamacpp_context import context_params, fill_batch
 from ._threads import ThreadGovernor
 from .base import common_prefix_length
 
@@ -116,13 +116,7 @@ class LaneContext:
         b = self._batch
         for c0 in range(0, len(items), self._n_batch):
             chunk = items[c0 : c0 + self._n_batch]
-            for i, (tok, pos, seq, out) in enumerate(chunk):
-                b.token[i] = tok
-                b.pos[i] = pos
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = seq
-                b.logits[i] = 1 if out else 0
-            b.n_tokens = len(chunk)
+            fill_batch(b, chunk)
             rc = self._governor.run(len(chunk), lambda: lc.llama_decode(self._ctx, b))
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc} in the batched-decoding context.")
