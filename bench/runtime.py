@@ -62,9 +62,8 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, Any]:
-    import numpy as np
-
+def runner(kind: str, threads: int) -> tuple[list[int], Any, Any]:
+    """Load ``kind`` and return its prompt tokens, a prefill function and a one-token step function."""
     if kind.startswith("llama_cpp.Llama"):
         from _env import guard_peer_llama
         from llama_cpp import Llama
@@ -108,19 +107,40 @@ def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, An
         def step(tok: int) -> Any:
             return model.eval([tok]).logits[-1]
 
-    for _ in range(2):  # warm-up; also lets adaptive threads measure both counts
+    return prompt, prefill, step
+
+
+def warm_up(prefill: Any, step: Any) -> None:
+    """2 prompts and 4 steps; also lets adaptive threads measure both counts."""
+    import numpy as np
+
+    for _ in range(2):
         logits = prefill()
     for _ in range(4):
         logits = step(int(np.argmax(logits)))
+
+
+def timed(prompt: list[int], prefill: Any, step: Any, n_decode: int) -> tuple[float, float]:
+    """One prompt and ``n_decode`` greedy steps: (prefill tok/s, decode tok/s)."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    logits = prefill()
+    pre = len(prompt) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(n_decode):
+        logits = step(int(np.argmax(logits)))
+    return pre, n_decode / (time.perf_counter() - t0)
+
+
+def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, Any]:
+    prompt, prefill, step = runner(kind, threads)
+    warm_up(prefill, step)
     pre, dec = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        logits = prefill()
-        pre.append(len(prompt) / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        for _ in range(n_decode):
-            logits = step(int(np.argmax(logits)))
-        dec.append(n_decode / (time.perf_counter() - t0))
+        p, d = timed(prompt, prefill, step, n_decode)
+        pre.append(p)
+        dec.append(d)
     return {
         "kind": kind,
         "threads": threads,
@@ -128,6 +148,28 @@ def worker(kind: str, threads: int, repeats: int, n_decode: int) -> dict[str, An
         "prefill_tps": statistics.median(pre),
         "decode_tps": statistics.median(dec),
         "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def pair_worker(mine: str, plain: str, threads: int, repeats: int, n_decode: int) -> dict[str, Any]:
+    """Ours and plain llama.cpp on the same weights in one process, measured in alternation.
+
+    Separate processes differ by up to ~10% on these shared cores whatever runs in them (where
+    the weights land in memory, a neighbour's busy spell); alternating the two in one process
+    leaves only the difference of the code paths.
+    """
+    runs = {kind: runner(kind, threads) for kind in (mine, plain)}
+    for _, prefill, step in runs.values():
+        warm_up(prefill, step)
+    rates: dict[str, list[tuple[float, float]]] = {mine: [], plain: []}
+    for i in range(2 * repeats):
+        order = (mine, plain) if i % 2 == 0 else (plain, mine)
+        for kind in order:
+            rates[kind].append(timed(*runs[kind], n_decode))
+    pairs = list(zip(rates[mine], rates[plain], strict=True))  # (ours, plain) rates of one alternation
+    return {
+        "prefill_overhead": statistics.median(pl[0] / ou[0] - 1 for ou, pl in pairs),
+        "decode_overhead": statistics.median(pl[1] / ou[1] - 1 for ou, pl in pairs),
     }
 
 
@@ -170,6 +212,32 @@ class Measured:
 
     def markdown(self) -> str:
         return "\n".join(self.rows) + "\n\n" + "\n".join(self.overhead + self.scaling) + "\n"
+
+
+def paired_overhead(args: argparse.Namespace) -> list[str]:
+    """Our overhead over plain llama.cpp on the same weights, each pair in one process
+    (``pair_worker``), ``args.rounds`` processes per pair; the median over all alternations."""
+    lines = []
+    for mine, plain_kind in SAME_WEIGHTS:
+        if mine not in args.kinds or plain_kind not in args.kinds:
+            continue
+        for threads in args.threads:
+            pre, dec = [], []
+            for _ in range(args.rounds):
+                cmd = [sys.executable, __file__, "--pair-worker", mine, plain_kind, str(threads)]
+                cmd += ["--repeats", str(args.repeats), "--decode", str(args.decode)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{mine} / {plain_kind} x{threads} failed:\n{proc.stderr[-2000:]}")
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                pre.append(res["prefill_overhead"])
+                dec.append(res["decode_overhead"])
+            lines.append(
+                f"- **one process, alternating**, {mine} vs {plain_kind}, {threads} thread(s): decode overhead "
+                f"{100 * statistics.median(dec):+.1f}%, prefill overhead {100 * statistics.median(pre):+.1f}% "
+                f"(median of {args.rounds} processes' medians over {2 * args.repeats} alternations each)"
+            )
+    return lines
 
 
 def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
@@ -221,8 +289,9 @@ def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
             pre_ours = med(mine, threads, "prefill_tps")
             pre_plain = med(plain_kind, threads, "prefill_tps")
             overhead.append(
-                f"- {mine} vs {plain_kind}, {threads} thread(s): decode overhead {100 * (plain / ours - 1):+.1f}%, "
-                f"prefill overhead {100 * (pre_plain / pre_ours - 1):+.1f}% (negative = faster than plain)"
+                f"- separate processes, {mine} vs {plain_kind}, {threads} thread(s): decode overhead "
+                f"{100 * (plain / ours - 1):+.1f}%, prefill overhead {100 * (pre_plain / pre_ours - 1):+.1f}% "
+                "(negative = faster than plain)"
             )
     scaling = []
     if 1 in args.threads:
@@ -231,6 +300,7 @@ def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
                 pre = med(kind, threads, "prefill_tps") / med(kind, 1, "prefill_tps")
                 dec = med(kind, threads, "decode_tps") / med(kind, 1, "decode_tps")
                 scaling.append(f"- {kind}: {threads} threads vs 1: prefill {pre:.2f}x, decode {dec:.2f}x")
+    overhead += paired_overhead(args)
     measured = Measured(lines, overhead, scaling, next(iter(results.values()))[0]["prompt_tokens"])
     print(("under load:\n" if busy else "") + measured.markdown())
     return measured
@@ -246,7 +316,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the table as Markdown here")
     ap.add_argument("--busy", action="store_true", help="also measure while another process keeps one core busy")
     ap.add_argument("--worker", nargs=2, metavar=("KIND", "THREADS"), help=argparse.SUPPRESS)
+    ap.add_argument("--pair-worker", nargs=3, metavar=("MINE", "PLAIN", "THREADS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    if args.pair_worker:
+        mine, plain, threads = args.pair_worker
+        print(json.dumps(pair_worker(mine, plain, int(threads), args.repeats, args.decode)))
+        return 0
 
     if args.worker:
         res = worker(args.worker[0], int(args.worker[1]), args.repeats, args.decode)
@@ -273,7 +349,10 @@ def main() -> int:
             f"{args.rounds} interleaved rounds after a warm-up of 2 prompts and 4 steps; each configuration in "
             "its own process. pocket_agent's llama.cpp rows choose 1 thread or the row's count per evaluation "
             "size by measurement (`adaptive_threads`, the default); plain llama_cpp.Llama and MNN use the "
-            "row's count throughout.\n\n"
+            "row's count throughout. Our overhead over plain llama.cpp on the same weights is given twice: "
+            "from the rows above (separate processes, which differ by up to ~10% on these shared cores whatever "
+            "runs in them) and from both loaded in one process and measured in alternation (the code paths "
+            "alone).\n\n"
             "## Idle machine\n\n" + idle.markdown()
         )
         if loaded is not None:

@@ -621,7 +621,9 @@ class LlamaCppModel(Model):
 def _stack(
     rows: dict[int, tuple[np.ndarray, np.ndarray | None]], positions: list[int], hidden: bool, n_vocab: int
 ) -> EvalOutput:
-    if positions:
+    if len(positions) == 1:  # a decode step: the row read is already a fresh copy, no second one
+        logits = rows[positions[0]][0].astype(np.float32, copy=False)[None, :]
+    elif positions:
         logits = np.stack([rows[p][0] for p in positions]).astype(np.float32, copy=False)
     else:
         logits = np.zeros((0, n_vocab), dtype=np.float32)
