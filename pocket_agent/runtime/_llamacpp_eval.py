@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError
-from ._llamacpp_context import fill_batch
+from ._llamacpp_context import copy_floats, fill_batch
 from ._llamacpp_kvstate import relayout_values
 from ._threads import ThreadGovernor
 
@@ -50,7 +50,6 @@ class EvalContext:
         self.governor = ThreadGovernor(threads, lambda n: lc.llama_set_n_threads(ctx, n, n), adaptive=adaptive_threads)
         self._n_vocab = n_vocab
         self._n_embd = n_embd
-        # ctypes array types made once: np.ctypeslib.as_array builds one per call (~30 us a step)
         self._logits_row = ctypes.c_float * n_vocab
         self._hidden_row = ctypes.c_float * n_embd
         self._embeddings_on = False
@@ -74,13 +73,13 @@ class EvalContext:
         ptr = self._lc.llama_get_logits_ith(self.ctx, i)
         if not ptr:
             raise BackendError(f"llama.cpp returned no logits for batch index {i}.")
-        logits = _copy_floats(ptr, self._logits_row)
+        logits = copy_floats(ptr, self._logits_row)
         hid = None
         if hidden:
             eptr = self._lc.llama_get_embeddings_ith(self.ctx, i)
             if not eptr:
                 raise BackendError(f"llama.cpp returned no hidden state for batch index {i}.")
-            hid = _copy_floats(eptr, self._hidden_row)
+            hid = copy_floats(eptr, self._hidden_row)
         return logits, hid
 
     def remove(self, seq: int, start: int, end: int = -1) -> bool:
@@ -122,9 +121,3 @@ class EvalContext:
         if self.ctx:
             lc.llama_free(self.ctx)
             self.ctx = None
-
-
-def _copy_floats(ptr: Any, row_type: Any) -> np.ndarray:
-    """A float32 copy of the ``row_type`` (a ``c_float`` array type) floats at a ``float *``."""
-    address = ctypes.cast(ptr, ctypes.c_void_p).value
-    return np.frombuffer(row_type.from_address(address), dtype=np.float32).copy()

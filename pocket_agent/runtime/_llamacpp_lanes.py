@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import BackendError
-from ._llamacpp_context import context_params, fill_batch
+from ._llamacpp_context import context_params, copy_floats, fill_batch
 from ._threads import ThreadGovernor
 from .base import common_prefix_length
 
@@ -53,7 +53,7 @@ class LaneContext:
         n_vocab: int,
     ) -> None:
         self._lc = lc
-        self._n_vocab = n_vocab
+        self._logits_row = ctypes.c_float * n_vocab
         self.width = width
         n_seq = width + 1
         cparams = context_params(
@@ -123,7 +123,9 @@ class LaneContext:
             for i, item in enumerate(chunk):
                 if item[3]:
                     ptr = lc.llama_get_logits_ith(self._ctx, i)
-                    rows.append(np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy())
+                    if not ptr:
+                        raise BackendError(f"llama.cpp returned no logits for batch index {i} in the lanes.")
+                    rows.append(copy_floats(ptr, self._logits_row))
         return rows
 
     def drop(self, lane: int) -> None:
