@@ -124,6 +124,22 @@ def test_rollback_reproduces_logits(fresh_smollm: Model) -> None:
     np.testing.assert_array_equal(first, again)
 
 
+def test_step_logits_belong_to_the_caller(fresh_smollm: Model) -> None:
+    # a one-token step returns its row without a second copy; it must still be the caller's
+    # own memory, not llama.cpp's logits buffer, which the next evaluation overwrites
+    m = fresh_smollm
+    ids = chat_ids(m, "Name a colour.")
+    m.prefill(ids)
+    step = m.eval([ids[-1]]).logits
+    assert step.shape[0] == 1 and step.dtype == np.float32 and step.flags.writeable
+    kept = step.copy()
+    m.eval(m.tokenize(" and then something else"))
+    np.testing.assert_array_equal(step, kept)
+    step[:] = 0.0  # changing the returned row changes nothing the model computes later
+    m.rollback(len(ids))
+    np.testing.assert_array_equal(m.eval([ids[-1]]).logits, kept)
+
+
 def test_prefix_reuse_evaluates_only_suffix(fresh_smollm: Model) -> None:
     m = fresh_smollm
     base = chat_ids(m, "Summarise: the quick brown fox jumps over the lazy dog.")
