@@ -118,6 +118,8 @@ def main() -> int:
     for label, options in OPTIONS:
         results.append((label, options, in_child(options, args.threads)))
         print(label, {k: v for k, v in results[-1][2].items() if k != "logits"}, flush=True)
+    if "error" in results[0][2]:
+        raise SystemExit(f"the default options failed, so nothing can be compared: {results[0][2]['error']}")
     ref = np.asarray(results[0][2]["logits"], dtype=np.float32)
     lines = [
         "# MNN run-time options and prompt speed (`bench/mnn_options.py`)",
