@@ -256,6 +256,7 @@ def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
                     if proc.returncode != 0:
                         raise SystemExit(f"{kind} x{threads} failed:\n{proc.stderr[-2000:]}")
                     results.setdefault((kind, threads), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        paired = paired_overhead(args)  # while the spinner still runs, for the busy table
     finally:
         if spinner is not None:
             spinner.kill()
@@ -300,7 +301,7 @@ def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
                 pre = med(kind, threads, "prefill_tps") / med(kind, 1, "prefill_tps")
                 dec = med(kind, threads, "decode_tps") / med(kind, 1, "decode_tps")
                 scaling.append(f"- {kind}: {threads} threads vs 1: prefill {pre:.2f}x, decode {dec:.2f}x")
-    overhead += paired_overhead(args)
+    overhead += paired
     measured = Measured(lines, overhead, scaling, next(iter(results.values()))[0]["prompt_tokens"])
     print(("under load:\n" if busy else "") + measured.markdown())
     return measured
