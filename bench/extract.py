@@ -14,6 +14,8 @@ documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt fo
                 weights, as MNN applies no LoRA at run time)
   ours-mnn-extract  the MNN extraction build (the shipped adapter merged in, its layers 8-bit);
                 each MNN row runs in a child process (pymnn: one model per process)
+  ours-mnn-extract-avx512  the same on a pymnn built with MNN's AVX-512 kernels
+                (scripts/build_pymnn.sh; --pymnn DIR; the PyPI wheel has none)
   llama-cpp     llama-cpp-python create_chat_completion(response_format=json_object+schema)
   llama-cpp-q8_0 / llama-cpp-bf16  the same on our Q8_0 / BF16 copy of the model
   outlines      outlines 1.3 Generator over the same llama.cpp model
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import platform
 import re
@@ -435,6 +438,7 @@ def run_outlines(docs: list[dict[str, Any]], threads: int, model: Any) -> Result
 MNN_ROWS = {
     "ours-mnn": "ours on MNN (same model, base weights: MNN applies no LoRA at run time)",
     "ours-mnn-extract": "ours on MNN, extraction build (the adapter merged in, its layers at 8 bits)",
+    "ours-mnn-extract-avx512": "ours on MNN, extraction build, on pymnn built with AVX-512 (scripts/build_pymnn.sh)",
 }
 
 
@@ -443,24 +447,34 @@ def run_mnn_row(row: str, docs: list[dict[str, Any]], threads: int) -> Result:
     from pocket_agent.convert import ensure_default_mnn
     from pocket_agent.runtime import load_model
 
-    config = ensure_default_mnn(task="extract" if row == "ours-mnn-extract" else None)
+    config = ensure_default_mnn(task="extract" if row.startswith("ours-mnn-extract") else None)
     model = load_model(config, threads=threads)
     run_ours(docs[:1], model, "warm-up")  # a fresh process per slice: its first document untimed
     return run_ours(docs, model, MNN_ROWS[row])
 
 
-def mnn_row_in_child(row: str, n_docs: int, threads: int, first: int = 0) -> Result:
+def mnn_row_in_child(row: str, n_docs: int, threads: int, first: int = 0, pymnn: Path | None = None) -> Result:
     """Run an MNN row on documents ``first..n_docs-1`` in a child process of this script and
-    take its Result back."""
+    take its Result back; with ``pymnn`` (a scripts/build_pymnn.sh folder) the child imports MNN from it."""
+    env = dict(os.environ)
+    if pymnn is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pymnn), env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.pickle"
         cmd = [sys.executable, __file__, "--docs", str(n_docs), "--threads", str(threads)]
         cmd += ["--mnn-worker", row, str(out), "--worker-first", str(first)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if proc.returncode != 0 or not out.is_file():
             raise RuntimeError(f"{row} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
         result: Result = pickle.loads(out.read_bytes())
         return result
+
+
+def pymnn_dir(path: Path | None) -> Path:
+    """The folder of a pymnn built by scripts/build_pymnn.sh, checked."""
+    if path is None or not (path / "MNN" / "__init__.py").is_file():
+        raise SystemExit("the row ours-mnn-extract-avx512 needs --pymnn DIR, a folder made by scripts/build_pymnn.sh")
+    return path.resolve()
 
 
 def row_limits(results: dict[str, Result], context: int, threads: int) -> dict[str, tuple[float, float]]:
@@ -530,6 +544,12 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
+        "--pymnn",
+        type=Path,
+        default=None,
+        help="a pymnn built by scripts/build_pymnn.sh (AVX-512 kernels): the row ours-mnn-extract-avx512 runs on it",
+    )
+    ap.add_argument(
         "--chunks",
         type=int,
         default=4,
@@ -581,6 +601,9 @@ def main() -> int:
             ),
             "ours-mnn": lambda: mnn_row_in_child("ours-mnn", end, args.threads, first),
             "ours-mnn-extract": lambda: mnn_row_in_child("ours-mnn-extract", end, args.threads, first),
+            "ours-mnn-extract-avx512": lambda: mnn_row_in_child(
+                "ours-mnn-extract-avx512", end, args.threads, first, pymnn_dir(args.pymnn)
+            ),
             "llama-cpp": lambda: run_llama_cpp(part, args.threads, model),
             "llama-cpp-q8_0": lambda: run_llama_cpp(
                 part,
@@ -703,7 +726,7 @@ def main() -> int:
         "ours-many-q8_0",
         "ours-mnn",
     )
-    for mine in (*mine_rows, "ours-mnn-extract"):
+    for mine in (*mine_rows, "ours-mnn-extract", "ours-mnn-extract-avx512"):
         for key in ("llama-cpp", "llama-cpp-q8_0", "llama-cpp-bf16", "outlines"):
             if key in results and mine in results:
                 sp = statistics.mean(results[key].seconds) / statistics.mean(results[mine].seconds)
@@ -715,18 +738,21 @@ def main() -> int:
         from importlib.metadata import version
 
         vers = []
-        for pkg in ("llama-cpp-python", "llguidance", "outlines", "outlines-core", "numba", "pocket-agent-mnn"):
+        for pkg in ("llama-cpp-python", "llguidance", "outlines", "outlines-core", "numba", "MNN", "pocket-agent-mnn"):
             try:
                 vers.append(f"{pkg} {version(pkg)}")
             except Exception:
                 vers.append(f"{pkg} not installed")
+        if "ours-mnn-extract-avx512" in args.only:
+            vers.append(f"the AVX-512 row's pymnn: MNN 3.6.1 sources built by scripts/build_pymnn.sh into {args.pymnn}")
         sys.path.insert(0, str(ROOT / "bench"))
         from runtime import machine
 
         args.out.write_text(
             "# Extraction benchmark\n\n"
             f"Generated by `python bench/extract.py --docs {args.docs} --threads {args.threads} "
-            f"--chunks {n_chunks} --only {' '.join(args.only)} --out {args.out}` "
+            f"--chunks {n_chunks} --only {' '.join(args.only)}{f' --pymnn {args.pymnn}' if args.pymnn else ''} "
+            f"--out {args.out}` "
             f"on {time.strftime('%Y-%m-%d')}.\n\n"
             f"- Machine: {machine()}; shared and noisy, so compare rows of one run. The documents run in "
             f"{n_chunks} slices; on each slice every contender runs in turn, the order rotating, so a busy spell "

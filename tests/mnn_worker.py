@@ -31,6 +31,7 @@ def main(config: str, paris: bool) -> dict[str, Any]:
         "n_vocab": m.n_vocab,
         "eos": [m.decode([t]) for t in m.vocab.eos_ids],
         "template": m.chat_template.source,
+        "pymnn": m.info.extra.get("pymnn"),
     }
     messages = [
         {"role": "system", "content": "You are a helpful assistant."},

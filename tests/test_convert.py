@@ -353,3 +353,23 @@ def test_default_extract_build_runs_the_extraction_adapter() -> None:
     to_adapted, to_base = float(np.abs(mnn - adapted).mean()), float(np.abs(mnn - base).mean())
     print(f"mean |logit difference| to llama.cpp with the adapter {to_adapted:.2f}, to the base {to_base:.2f}")
     assert to_adapted < 0.3 * to_base, (to_adapted, to_base)
+
+
+def test_conversion_does_not_see_a_runtime_only_pymnn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scripts/build_pymnn.sh build on PYTHONPATH (MNN.expr and MNN.llm only) would hide the
+    wheel's converter from llmexport: the export subprocesses run without it, other entries kept."""
+    from pocket_agent.convert import _mnn
+
+    runtime = tmp_path / "pymnn-avx512"
+    (runtime / "MNN").mkdir(parents=True)
+    (runtime / "MNN" / "__init__.py").write_text('POCKET_AGENT_BUILD = "MNN 3.6.1 built by ..."\n', encoding="utf-8")
+    other = tmp_path / "site"
+    other.mkdir()
+    monkeypatch.setattr(_mnn, "_llmexport_dir", lambda: tmp_path / "llmexport")
+    monkeypatch.setenv("PYTHONPATH", f"{runtime}:{other}")
+    work = tmp_path / "work"
+    work.mkdir()
+    env, _ = _mnn._sandbox(work)
+    entries = env["PYTHONPATH"].split(":")
+    assert str(other) in entries
+    assert str(runtime) not in entries

@@ -56,6 +56,8 @@ def test_smollm2_mnn_answers_paris(smollm2_mnn: dict[str, Any]) -> None:
     assert smollm2_mnn["backend"] == "mnn"
     assert smollm2_mnn["n_vocab"] == 49152
     assert "<|im_end|>" in smollm2_mnn["eos"]
+    # which pymnn ran: the pip wheel's version, or a scripts/build_pymnn.sh build on the path
+    assert smollm2_mnn["pymnn"].startswith("MNN 3.6"), smollm2_mnn["pymnn"]
     scores = smollm2_mnn["capital_scores"]
     assert max(scores, key=scores.__getitem__) == " Paris", (scores, smollm2_mnn["answer"])
 

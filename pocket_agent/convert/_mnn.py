@@ -248,11 +248,20 @@ def _sandbox(work: Path) -> tuple[dict[str, str], Path]:
     env.update(_TELEMETRY_ENV)
     llmexport_dir = _llmexport_dir()
     paths = [str(stub), str(llmexport_dir)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
+    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not _is_runtime_pymnn(Path(p))]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PATH"] = os.pathsep.join([str(guard), env.get("PATH", "")])
     return env, marker
+
+
+def _is_runtime_pymnn(folder: Path) -> bool:
+    """A pymnn built by scripts/build_pymnn.sh: MNN.expr and MNN.llm only, so it would hide the
+    converter of the MNN wheel that llmexport runs."""
+    init = folder / "MNN" / "__init__.py"
+    try:
+        return init.is_file() and "POCKET_AGENT_BUILD" in init.read_text(encoding="utf-8")
+    except OSError:
+        return False
 
 
 def _run(

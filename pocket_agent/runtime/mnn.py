@@ -14,6 +14,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,6 +68,21 @@ def _mnn_llm() -> Any:
     except ImportError as exc:  # pragma: no cover - exercised only without the dependency
         raise BackendUnavailableError("MNN builds need pymnn: pip install 'MNN>=3.6.1,<3.7'") from exc
     return mnn_llm
+
+
+def pymnn_build() -> str:
+    """Which pymnn this process runs: the installed ``MNN`` package's version, or the build
+    of ``scripts/build_pymnn.sh`` (MNN's AVX-512 kernels in; the PyPI wheel has none) when
+    that comes first on the path."""
+    import MNN
+
+    built = getattr(MNN, "POCKET_AGENT_BUILD", None)
+    if isinstance(built, str):
+        return f"{built}, {Path(MNN.__file__).parent.parent}"
+    try:
+        return f"MNN {version('MNN')} (pip)"
+    except PackageNotFoundError:
+        return f"MNN at {Path(MNN.__file__).parent}"
 
 
 class MnnModel(Model):
@@ -183,7 +199,7 @@ class MnnModel(Model):
             n_embd=int(llm_cfg.get("hidden_size", 0) or 0),
             file_size=sum(f.stat().st_size for f in (model_file, weight) if f.is_file()),
             chat_template_source=self._chat_template.source,
-            extra={"threads": str(threads), "memory": memory, "precision": precision},
+            extra={"threads": str(threads), "memory": memory, "precision": precision, "pymnn": pymnn_build()},
         )
 
     # -- build files -------------------------------------------------------------------
