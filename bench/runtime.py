@@ -9,6 +9,8 @@ Compares, on the embedded default model (SmolLM2-135M-Instruct):
     BF16 copy with flash attention, decode steps on the Q8_0 copy; what the merged extraction
     model runs where BF16 is native),
   * pocket_agent's MNN backend on the same model converted to MNN (the default build: q4, block 32, 8-bit head),
+    as it loads (at 2 threads with a one-thread engine beside, chosen per prompt by measurement) and
+    ``/fixed`` (``adaptive_threads=False``: the thread count MNN loaded with, always),
 each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
 that backend's alone (and pymnn's one-model-per-process rule holds).
 
@@ -46,6 +48,7 @@ KINDS = (
     "pocket_agent/llamacpp/split",
     "llama_cpp.Llama",
     "pocket_agent/mnn",
+    "pocket_agent/mnn/fixed",
 )
 SAME_WEIGHTS = (("pocket_agent/llamacpp", "llama_cpp.Llama/copy"), ("pocket_agent/llamacpp/q4_1", "llama_cpp.Llama"))
 
@@ -91,10 +94,11 @@ def runner(kind: str, threads: int) -> tuple[list[int], Any, Any]:
     else:
         from pocket_agent.runtime import load_model
 
-        if kind == "pocket_agent/mnn":
+        if kind.startswith("pocket_agent/mnn"):
             from pocket_agent.convert import ensure_default_mnn
 
-            model = load_model(ensure_default_mnn(), threads=threads)
+            # /fixed: the thread count MNN was loaded with, always (no one-thread engine beside it)
+            model = load_model(ensure_default_mnn(), threads=threads, adaptive_threads=kind != "pocket_agent/mnn/fixed")
         else:
             layout = {"pocket_agent/llamacpp/q4_1": "original", "pocket_agent/llamacpp/split": "split"}
             model = load_model(threads=threads, layout=layout.get(kind, "auto"))
@@ -349,8 +353,10 @@ def main() -> int:
             f"- Prompt {n_prompt} tokens, {args.decode} greedy decode steps, median of {args.repeats} repeats x "
             f"{args.rounds} interleaved rounds after a warm-up of 2 prompts and 4 steps; each configuration in "
             "its own process. pocket_agent's llama.cpp rows choose 1 thread or the row's count per evaluation "
-            "size by measurement (`adaptive_threads`, the default); plain llama_cpp.Llama and MNN use the "
-            "row's count throughout. Our overhead over plain llama.cpp on the same weights is given twice: "
+            "size by measurement (`adaptive_threads`, the default); `pocket_agent/mnn` at 2 threads holds a "
+            "one-thread engine on the same weights and picks the engine per prompt by measurement (the first "
+            "timed repeat tries the one-thread engine); `pocket_agent/mnn/fixed` and plain llama_cpp.Llama use "
+            "the row's count throughout. Our overhead over plain llama.cpp on the same weights is given twice: "
             "from the rows above (separate processes, which differ by up to ~10% on these shared cores whatever "
             "runs in them) and from both loaded in one process and measured in alternation (the code paths "
             "alone).\n\n"

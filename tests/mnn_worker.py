@@ -138,5 +138,38 @@ def main(config: str, paris: bool) -> dict[str, Any]:
     return res
 
 
+def engines(config: str) -> dict[str, Any]:
+    """threads=2: the one-thread engine beside the two-thread one (MnnModel, adaptive threads)."""
+    m = load_model(config, threads=2)
+    res: dict[str, Any] = {"engines": len(m._engines), "threads_info": m.info.extra["threads"]}
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    ids = m.tokenize(m.chat_template.render(messages), special=True)
+    steps = m.tokenize(" The capital of France is Paris.")
+    rows = []
+    for engine in (0, 1, 0):  # the chooser decides at each prefill; pin it to compare the engines
+        m.reset()
+        m._chooser.choose = lambda uncached, e=engine: setattr(m._chooser, "active", e) or e  # type: ignore[method-assign]
+        first = m.prefill(ids).logits[-1]
+        rows.append(np.stack([first] + [m.eval([t]).logits[-1] for t in steps]))
+        res.setdefault("threads_seen", []).append(m.engine_threads())
+    res["engines_maxdiff"] = float(np.abs(rows[0] - rows[1]).max())
+    res["engines_argmax_equal"] = bool(np.array_equal(rows[0].argmax(-1), rows[1].argmax(-1)))
+    res["same_engine_again_maxdiff"] = float(np.abs(rows[0] - rows[2]).max())
+    # each engine keeps its own cache: engine 0 holds ids + steps while engine 1 evaluates
+    # another prompt; back on engine 0 only the new tokens are evaluated
+    m._chooser.choose = lambda uncached: setattr(m._chooser, "active", 1) or 1  # type: ignore[method-assign]
+    m.prefill(m.tokenize("Something else entirely, to fill engine one."))
+    m._chooser.choose = lambda uncached: setattr(m._chooser, "active", 0) or 0  # type: ignore[method-assign]
+    before = m.stats.tokens_evaluated
+    m.prefill(ids + steps[:3])
+    res["evaluated_after_switch"] = m.stats.tokens_evaluated - before
+    m.close()
+    res["err_after_close"] = error_name(lambda: m.eval([1]))
+    return res
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], "--paris" in sys.argv)))
+    if "--engines" in sys.argv:
+        print(json.dumps(engines(sys.argv[1])))
+    else:
+        print(json.dumps(main(sys.argv[1], "--paris" in sys.argv)))

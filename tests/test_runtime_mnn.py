@@ -25,9 +25,9 @@ MNN_INCREMENTAL_ATOL = {"tiny": 0.1, "smollm2": 4.0}
 MNN_ARGMAX_GAP = {"tiny": 0.0, "smollm2": 0.5}
 
 
-def run_worker(config: Path) -> dict[str, Any]:
+def run_worker(config: Path, *flags: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "mnn_worker.py"), str(config)],
+        [sys.executable, str(ROOT / "tests" / "mnn_worker.py"), str(config), *flags],
         capture_output=True,
         text=True,
         cwd=ROOT / "tests",
@@ -100,6 +100,24 @@ def test_mnn_misuse_is_typed_not_a_crash(name: str, request: pytest.FixtureReque
     assert abs(res["decide_scores_sum"] - 1.0) < 1e-6
     assert res["err_pointer"] == "AdapterError"
     assert res["err_layer_states"] == "ModelStateError"
+
+
+@pytest.mark.mnn
+def test_mnn_two_threads_hold_a_one_thread_engine_that_computes_the_same() -> None:
+    """MNN fixes its thread count at load and 2 threads collapse beside a busy process, so a
+    2-thread model also holds a 1-thread engine on the same weights (pocket_agent.runtime._mnn_engines)."""
+    from pocket_agent.convert import ensure_default_mnn
+
+    res = run_worker(ensure_default_mnn(), "--engines")
+    assert res["engines"] == 2
+    assert res["threads_info"] == "2 (adaptive: MNN)"
+    assert res["threads_seen"] == [2, 1, 2]
+    # the same weights and graph (measured: the same logits exactly)
+    assert res["engines_argmax_equal"]
+    assert res["engines_maxdiff"] < MNN_INCREMENTAL_ATOL["smollm2"]
+    assert res["same_engine_again_maxdiff"] == 0.0
+    assert res["evaluated_after_switch"] == 3  # engine 0 kept its cache while engine 1 ran
+    assert res["err_after_close"] == "ModelStateError"
 
 
 @pytest.mark.parametrize("name", ["smollm2_mnn", "tiny_mnn"])

@@ -153,14 +153,17 @@ def load_model(
             writes no copy) the model loads as usual and ``extract`` applies the adapter at
             run time. ``extract(model=None)`` uses the default model loaded this way.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn``,
-            ``extra_buffers`` and ``adaptive_threads`` for llama.cpp; ``memory``, ``precision``, ``config`` for MNN).
+            ``extra_buffers`` and ``adaptive_threads`` for llama.cpp; ``memory``, ``precision``, ``config`` and
+            ``adaptive_threads`` for MNN).
             ``extra_buffers=False`` keeps GGUF weights out of llama.cpp's extra buffer types
             (AMX, repacked layouts); the default decides from the CPU and turns them off
             where llama.cpp would use Intel AMX, which crashes on prompts
             (``$POCKET_AGENT_EXTRA_BUFFERS=1|0|auto`` sets it for every load). Transformers
             takes ``n_batch`` and ``cache_dir`` (where a GGUF's conversion is kept).
             ``adaptive_threads`` (default on) treats ``threads`` as a ceiling and runs each
-            evaluation size on ``threads`` unless 1 thread measures clearly faster here.
+            evaluation size on ``threads`` unless 1 thread measures clearly faster here; on MNN,
+            whose thread count is fixed at load, a one-thread engine on the same weights is
+            kept beside and each prompt runs on the engine that measures faster.
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}.")

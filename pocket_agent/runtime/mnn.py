@@ -13,7 +13,9 @@ import ctypes
 import json
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,7 +31,8 @@ from ..errors import (
     ModelStateError,
 )
 from ._cpu import default_threads
-from .base import Capabilities, EvalOutput, Model, ModelInfo, Vocabulary
+from ._mnn_engines import ONE_THREAD, EngineChooser
+from .base import Capabilities, EvalOutput, LogitsSelection, Model, ModelInfo, Vocabulary, _locked, common_prefix_length
 from .chat_template import ChatTemplate, chatml_template
 
 DEFAULT_N_CTX = 4096
@@ -85,6 +88,17 @@ def pymnn_build() -> str:
         return f"MNN at {Path(MNN.__file__).parent}"
 
 
+@dataclass
+class _EngineState:
+    """What the base class and this backend know of an engine's KV cache while it is not active."""
+
+    cached: list[int] = field(default_factory=list)
+    prefill_memo: Any = None
+    single_from: int | None = None
+    all_logits: bool = False
+    noisy_next: bool = False
+
+
 class MnnModel(Model):
     """An MNN LLM build evaluated by pymnn on the CPU.
 
@@ -93,6 +107,12 @@ class MnnModel(Model):
     Run a second MNN model in another process. ``memory="low"`` (the export default)
     quantises activations at run time, so incremental decoding and a full recompute agree
     on the argmax but not bit for bit; ``memory="normal"`` is exact and ~4x slower.
+
+    MNN fixes the thread count at load and its multi-thread runtime collapses beside a busy
+    process. With ``threads`` > 1 and ``adaptive_threads`` (the default) the model also holds
+    a one-thread engine sharing the weights (``pocket_agent.runtime._mnn_engines``) and
+    evaluates each prompt, and the steps after it, on whichever engine measures faster.
+    Both engines compute the same logits.
     """
 
     backend = "mnn"
@@ -108,6 +128,7 @@ class MnnModel(Model):
         memory: str = "low",
         precision: str = "low",
         config: dict[str, Any] | None = None,
+        adaptive_threads: bool = True,
     ) -> None:
         super().__init__()
         cfg_path = Path(config_path)
@@ -128,8 +149,13 @@ class MnnModel(Model):
         self._created = False
         self._all_logits = False
         self._noisy_next = False
+        self._engines: list[Any] = []  # pymnn LLM objects: the ceiling engine, then a one-thread twin
+        self._parked: _EngineState | None = None  # the inactive engine's state
+        self._chooser = EngineChooser()
         try:
             self._load(cfg_path, build, n_ctx, threads, memory, precision, config or {})
+            if adaptive_threads and self._threads > 1:
+                self._add_one_thread_engine(build)
         except BaseException:
             with _live_lock:
                 if MnnModel._live is self:
@@ -171,6 +197,7 @@ class MnnModel(Model):
                 f"exported by a compatible llmexport."
             )
         self._llm = llm
+        self._engines = [llm._c_obj]
         self._loaded = True
         atexit.register(self.close)  # freeing pymnn during interpreter teardown segfaults
         self._threads = threads
@@ -325,10 +352,14 @@ class MnnModel(Model):
             raise ModelStateError("The MNN model is not loaded.")
         if not tokens:  # forward([]) raises SIGFPE in pymnn
             raise BackendError("Internal error: empty forward.")
-        var = self._llm.forward(tokens)
+        engine = self._chooser.active
+        start = time.perf_counter()
+        var = self._engines[engine].forward(tokens)
         if var is None:
             raise BackendError("MNN forward returned no logits.")
         arr = np.array(var.read(), dtype=np.float32, copy=True)  # read() aliases engine memory
+        if len(self._engines) > 1:
+            self._chooser.record(engine, len(tokens), time.perf_counter() - start)
         return arr.reshape(-1, arr.shape[-1])
 
     def _set_all_logits(self, on: bool) -> None:
@@ -336,7 +367,7 @@ class MnnModel(Model):
         # they are switched on only for calls that ask for more than the last position.
         if on != self._all_logits:
             with _quiet_stdout():
-                self._llm.set_config({"all_logits": on})
+                self._engines[self._chooser.active].set_config(json.dumps({"all_logits": on}))
             self._all_logits = on
             self._noisy_next = True
 
@@ -375,13 +406,92 @@ class MnnModel(Model):
 
     def _rollback(self, n: int) -> None:
         with _quiet_stdout():
-            self._llm._c_obj.erase_history(n, 0)
+            self._engines[self._chooser.active].erase_history(n, 0)
         self._noisy_next = True
 
     def _reset(self) -> None:
         with _quiet_stdout():
-            self._llm.reset()
+            for engine in self._engines:  # both: after reset() no cache is left to reuse
+                engine.reset()
+        if self._parked is not None:  # keeps its all-logits configuration
+            self._parked = _EngineState(all_logits=self._parked.all_logits, noisy_next=True)
         self._noisy_next = True
+
+    # -- the one-thread engine -----------------------------------------------------------
+
+    def _add_one_thread_engine(self, build: dict[str, Any]) -> None:
+        """A second LLM on this build's graph that shares the weights, loaded with one thread
+        (``create_lora`` copies the configuration, thread count included). Without it (an
+        MNN that refuses) the model runs on ``threads`` alone."""
+        ceiling = self._engines[0]
+        try:
+            with _quiet_stdout():
+                ceiling.set_config(json.dumps({"thread_num": 1}))
+                try:
+                    twin = ceiling.create_lora(str(build.get("llm_model", "llm.mnn")))
+                finally:  # what later create_lora calls (LoRA adapters) copy
+                    ceiling.set_config(json.dumps({"thread_num": self._threads}))
+                if twin is None:
+                    return
+                probe = twin.forward([0])
+                twin.reset()
+        except Exception:
+            return
+        if probe is None:
+            return
+        self._engines.append(twin)
+        self._parked = _EngineState()
+        self.info = ModelInfo(
+            **{**self.info.__dict__, "extra": {**self.info.extra, "threads": f"{self._threads} (adaptive: MNN)"}}
+        )
+
+    def _engine_state(self) -> _EngineState:
+        return _EngineState(
+            list(self._cached), self._prefill_memo, self._single_from, self._all_logits, self._noisy_next
+        )
+
+    def _uncached(self, tokens: Sequence[int], state: _EngineState) -> int:
+        """Tokens of a prefill of ``tokens`` that an engine in ``state`` would evaluate (as
+        :meth:`reusable_prefix` counts them)."""
+        keep = min(common_prefix_length(state.cached, tokens), max(len(tokens) - 2, 0))
+        if state.single_from is not None:
+            keep = min(keep, state.single_from)
+        return len(tokens) - keep
+
+    def _use_engine(self, tokens: Sequence[int]) -> None:
+        if self._parked is None or not self._loaded:
+            return
+        active = self._chooser.active
+        uncached = [0, 0]
+        uncached[active] = self._uncached(tokens, self._engine_state())
+        uncached[1 - active] = self._uncached(tokens, self._parked)
+        chosen = self._chooser.choose(uncached)
+        if chosen == active:
+            return
+        parked, self._parked = self._parked, self._engine_state()
+        self._cached = parked.cached
+        self._prefill_memo = parked.prefill_memo
+        self._single_from = parked.single_from
+        self._all_logits = parked.all_logits
+        self._noisy_next = parked.noisy_next
+
+    def engine_threads(self) -> int:
+        """The thread count of the engine that evaluates now (``threads`` or 1)."""
+        return 1 if self._chooser.active == ONE_THREAD else self._threads
+
+    @_locked
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        *,
+        logits: LogitsSelection = "last",
+        hidden: bool = False,
+    ) -> EvalOutput:
+        if self._parked is not None:
+            self._use_engine(self._check_ids(tokens))
+        return super().prefill(tokens, logits=logits, hidden=hidden)
+
+    prefill.__doc__ = Model.prefill.__doc__
 
     # -- LoRA --------------------------------------------------------------------------
 
@@ -406,6 +516,8 @@ class MnnModel(Model):
     def _close(self) -> None:
         self._loaded = False
         self._loras.clear()
+        del self._engines[1:]  # the twin uses the first engine's weights: free it first
+        self._engines.clear()
         self._llm = None
         atexit.unregister(self.close)
         with _live_lock:
