@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ._cpu import default_threads
 from ._mnn_engines import ONE_THREAD, EngineChooser
-from .base import Capabilities, EvalOutput, LogitsSelection, Model, ModelInfo, Vocabulary, _locked, common_prefix_length
+from .base import Capabilities, EvalOutput, LogitsSelection, Model, ModelInfo, Vocabulary, common_prefix_length
 from .chat_template import ChatTemplate, chatml_template
 
 DEFAULT_N_CTX = 4096
@@ -479,7 +479,6 @@ class MnnModel(Model):
         """The thread count of the engine that evaluates now (``threads`` or 1)."""
         return 1 if self._chooser.active == ONE_THREAD else self._threads
 
-    @_locked
     def prefill(
         self,
         tokens: Sequence[int],
@@ -487,9 +486,10 @@ class MnnModel(Model):
         logits: LogitsSelection = "last",
         hidden: bool = False,
     ) -> EvalOutput:
-        if self._parked is not None:
-            self._use_engine(self._check_ids(tokens))
-        return super().prefill(tokens, logits=logits, hidden=hidden)
+        with self.lock:  # the engine chosen is the one the prefill runs on
+            if self._parked is not None:
+                self._use_engine(self._check_ids(tokens))
+            return super().prefill(tokens, logits=logits, hidden=hidden)
 
     prefill.__doc__ = Model.prefill.__doc__
 
