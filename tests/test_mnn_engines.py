@@ -55,3 +55,14 @@ def test_what_a_switch_costs_counts() -> None:
     # from scratch on both, one thread is clearly faster: 400 x 1.5 ms + steps against 400 x 2 ms + steps
     assert 400 * 0.0015 + STEPS_PER_PREFILL * 0.010 < 0.9 * (400 * 0.002 + STEPS_PER_PREFILL * 0.010)
     assert chooser.choose([400, 400]) == ONE_THREAD
+
+
+def test_an_engine_that_never_gets_measured_is_given_up() -> None:
+    """Prefills too short to time and no steps: the one-thread engine is tried a few times, then
+    the model stays on its loaded thread count."""
+    chooser = EngineChooser()
+    chooser.choose([400, 400])
+    feed(chooser, CEILING, 0.002, 0.010)
+    picks = [chooser.choose([3, 3]) for _ in range(10)]  # nothing recorded on the one-thread engine
+    assert picks[:4] == [ONE_THREAD] * 4
+    assert picks[4:] == [CEILING] * 6

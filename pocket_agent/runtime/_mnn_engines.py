@@ -11,8 +11,9 @@ the engine is chosen when a prompt is evaluated (a prefill), never between decod
 evaluations and for one-token steps, and at each prefill picks the engine whose estimated
 time for that prefill (the tokens its cache lacks) and the steps that usually follow is
 lower, switching only when the other is clearly (10%) faster. It measures the
-multi-thread engine first, then tries the one-thread engine once, and later retries
-whichever engine lost, more rarely each time it loses again.
+multi-thread engine first, then tries the one-thread engine (given up if four prefills on
+it measure nothing: prefills too short to time, no steps), and later retries whichever
+engine lost, more rarely each time it loses again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _MEASURED_STEPS = 8  # or this many one-token steps
 _MARGIN = 0.1
 _FIRST_RETRY = 8
 _LONGEST_RETRY = 256
+_TRIAL_PREFILLS = 4  # unmeasured after this many prefills on it: the one-thread engine is not tried again
 
 
 @dataclass
@@ -53,6 +55,7 @@ class EngineChooser:
         self._since_retry = 0
         self._retry_after = _FIRST_RETRY
         self._stale: set[tuple[int, str]] = set()  # (engine, "prompt" | "step") to replace, not average
+        self._trial_prefills = 0  # prefills run on the one-thread engine before it was measured
 
     def record(self, engine: int, n_tokens: int, seconds: float) -> None:
         """An evaluation of ``n_tokens`` tokens on ``engine`` took ``seconds``."""
@@ -92,7 +95,11 @@ class EngineChooser:
         if not self._measured(CEILING):
             return CEILING
         if not self._measured(ONE_THREAD):
-            return ONE_THREAD
+            # a workload of short prefills and no steps may never measure it: then give up
+            self._trial_prefills += 1
+            if self._trial_prefills <= _TRIAL_PREFILLS:
+                return ONE_THREAD
+            return CEILING
         other = ONE_THREAD - self.active
         self._since_retry += 1
         if self._since_retry >= self._retry_after:  # look again at the engine that lost
