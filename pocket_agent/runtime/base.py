@@ -400,10 +400,7 @@ class Model(abc.ABC):
         differently alone. Evaluating from here makes the logits depend only on ``tokens``.
         """
         self._sync_weights()
-        keep = min(common_prefix_length(self._cached, tokens), max(len(tokens) - 2, 0))
-        if self._single_from is not None:
-            keep = min(keep, self._single_from)
-        return keep
+        return reusable_length(self._cached, self._single_from, tokens)
 
     @_locked
     def eval_branches(
@@ -760,6 +757,13 @@ def _could_be_utf8_prefix(tail: bytes) -> bool:
     else:
         return False
     return len(tail) < width and all(0x80 <= b < 0xC0 for b in tail[1:])
+
+
+def reusable_length(cached: Sequence[int], single_from: int | None, tokens: Sequence[int]) -> int:
+    """:meth:`Model.reusable_prefix` for a cache holding ``cached``, whose positions from
+    ``single_from`` on (``None``: none) a one-token decode step computed."""
+    keep = min(common_prefix_length(cached, tokens), max(len(tokens) - 2, 0))
+    return keep if single_from is None else min(keep, single_from)
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

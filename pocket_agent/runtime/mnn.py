@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ._cpu import default_threads
 from ._mnn_engines import ONE_THREAD, EngineChooser
-from .base import Capabilities, EvalOutput, LogitsSelection, Model, ModelInfo, Vocabulary, common_prefix_length
+from .base import Capabilities, EvalOutput, LogitsSelection, Model, ModelInfo, Vocabulary, reusable_length
 from .chat_template import ChatTemplate, chatml_template
 
 DEFAULT_N_CTX = 4096
@@ -445,30 +445,20 @@ class MnnModel(Model):
             **{**self.info.__dict__, "extra": {**self.info.extra, "threads": f"{self._threads} (adaptive: MNN)"}}
         )
 
-    def _engine_state(self) -> _EngineState:
-        return _EngineState(
-            list(self._cached), self._prefill_memo, self._single_from, self._all_logits, self._noisy_next
-        )
-
-    def _uncached(self, tokens: Sequence[int], state: _EngineState) -> int:
-        """Tokens of a prefill of ``tokens`` that an engine in ``state`` would evaluate (as
-        :meth:`reusable_prefix` counts them)."""
-        keep = min(common_prefix_length(state.cached, tokens), max(len(tokens) - 2, 0))
-        if state.single_from is not None:
-            keep = min(keep, state.single_from)
-        return len(tokens) - keep
-
     def _use_engine(self, tokens: Sequence[int]) -> None:
+        """Choose the engine for a prefill of ``tokens`` and make it the active one."""
         if self._parked is None or not self._loaded:
             return
         active = self._chooser.active
-        uncached = [0, 0]
-        uncached[active] = self._uncached(tokens, self._engine_state())
-        uncached[1 - active] = self._uncached(tokens, self._parked)
-        chosen = self._chooser.choose(uncached)
-        if chosen == active:
+        parked = self._parked
+        uncached = [0, 0]  # the tokens each engine would evaluate
+        uncached[active] = len(tokens) - self.reusable_prefix(tokens)
+        uncached[1 - active] = len(tokens) - reusable_length(parked.cached, parked.single_from, tokens)
+        if self._chooser.choose(uncached) == active:
             return
-        parked, self._parked = self._parked, self._engine_state()
+        self._parked = _EngineState(
+            self._cached, self._prefill_memo, self._single_from, self._all_logits, self._noisy_next
+        )
         self._cached = parked.cached
         self._prefill_memo = parked.prefill_memo
         self._single_from = parked.single_from
@@ -487,9 +477,9 @@ class MnnModel(Model):
         hidden: bool = False,
     ) -> EvalOutput:
         with self.lock:  # the engine chosen is the one the prefill runs on
-            if self._parked is not None:
-                self._use_engine(self._check_ids(tokens))
-            return super().prefill(tokens, logits=logits, hidden=hidden)
+            toks = self._check_ids(tokens)
+            self._use_engine(toks)
+            return super().prefill(toks, logits=logits, hidden=hidden)
 
     prefill.__doc__ = Model.prefill.__doc__
 
