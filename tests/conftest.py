@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,12 +13,35 @@ from pocket_agent.runtime import Model, default_model_path, load_model, set_defa
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+SAMPLE_DATA = ROOT / "tests" / "data"
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_GGUF = FIXTURES / "tiny-qwen3" / "tiny-qwen3-f16.gguf"
 TINY_MNN = FIXTURES / "tiny-qwen3" / "mnn" / "config.json"
 # One thread: on a shared 2-core machine llama.cpp's spinning thread barrier makes 2
 # threads up to 100x slower when the other core is busy.
 THREADS = int(os.environ.get("POCKET_AGENT_TEST_THREADS", "1"))
+
+
+def full_data() -> bool:
+    """Whether the full development sets (``../shared/data``) are beside the repository."""
+    return SHARED_DATA.is_dir()
+
+
+def schema_order_key(name: str, seed: int = 1234) -> str:
+    """The seeded order JSONSchemaBench schemas are drawn in, independent of which other files are present,
+    so the plain-clone sample holds the same first schemas as the full set."""
+    return hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
+
+
+def dev_data(name: str) -> Path:
+    """The development set ``name``: the full set in ``../shared/data`` where it is (developers, CI),
+    else its small sample in ``tests/data`` (a user's plain clone; see ``scripts/make_test_data.py``).
+    Under CI the full set must be there, so CI keeps running the full-data suites."""
+    if full_data():
+        return SHARED_DATA / name
+    if os.environ.get("CI"):
+        pytest.fail(f"CI runs the full-data suites: {SHARED_DATA / name} is missing")
+    return SAMPLE_DATA / name
 
 
 @pytest.fixture(scope="session")

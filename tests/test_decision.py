@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import THREADS
+from conftest import THREADS, dev_data
 
 from pocket_agent.decision import (
     Decision,
@@ -35,7 +35,6 @@ from pocket_agent.decision.cli import main as cli_main
 from pocket_agent.errors import AdapterError, ContextOverflowError, InvalidInputError
 from pocket_agent.runtime import Model, default_model_path, load_model
 
-MCQ = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mcq"
 REVIEW_POS = "A wonderful, moving film with brilliant acting. I loved every minute."
 Q_SENT = "What is the sentiment of this movie review?"
 
@@ -374,7 +373,8 @@ def test_shipped_head_is_used_out_of_the_box() -> None:
 
 
 def _sst2(n_train: int, n_test: int) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
-    rows = [json.loads(x) for x in (MCQ / "sst2.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    lines = (dev_data("mcq") / "sst2.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(x) for x in lines if x.strip()]
     perm = np.random.default_rng(123).permutation(len(rows))
     return [rows[i] for i in perm[:n_train]], [rows[i] for i in perm[n_train : n_train + n_test]]
 

@@ -1,8 +1,8 @@
 """pocket_agent.distributed on a local Ray cluster (``ray.init(num_cpus=2)``), real models.
 
 Needs the ``ray`` extra: CI installs it, so these tests fail rather than skip without it.
-The SROIE test extracts 40 receipts from ``../shared/data/sroie`` plus 5 bad rows with two
-actors of the default model and checks every value against ``extract_many`` in this
+The SROIE test extracts 40 receipts from ``../shared/data/sroie`` (or its copy in ``tests/data``)
+plus 5 bad rows with two actors of the default model and checks every value against ``extract_many`` in this
 process (same model file, greedy, same options).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import ray
-from conftest import ROOT, SHARED_DATA, TINY_GGUF, TINY_MNN
+from conftest import ROOT, TINY_GGUF, TINY_MNN, dev_data
 from pydantic import BaseModel, Field, model_validator
 
 from pocket_agent import decide_many, extract_many
@@ -29,7 +29,6 @@ from pocket_agent.distributed._schema import ShippedSchema
 from pocket_agent.errors import InvalidInputError, SchemaError
 from pocket_agent.runtime import Model, load_model
 
-SROIE = SHARED_DATA / "sroie" / "receipts.jsonl"
 # Bounded output so 40 receipts x 2 runs stay at a few minutes on 2 shared cores.
 OPTIONS: dict[str, Any] = {"max_tokens": 48}
 
@@ -72,9 +71,10 @@ def local_ray() -> Iterator[Any]:
 
 
 def receipts(n: int) -> list[dict[str, Any]]:
-    if not SROIE.is_file():
-        pytest.fail(f"SROIE data missing: {SROIE} (the shared data folder beside the repository)")
-    rows = [json.loads(line) for line in SROIE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sroie = dev_data("sroie") / "receipts.jsonl"
+    if not sroie.is_file():
+        pytest.fail(f"SROIE data missing: {sroie}")
+    rows = [json.loads(line) for line in sroie.read_text(encoding="utf-8").splitlines() if line.strip()]
     assert len(rows) >= n
     return [{"id": r["id"], "text": r["text"]} for r in rows[:n]]
 

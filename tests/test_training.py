@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 torch = pytest.importorskip("torch", reason="the train extra (torch) is not installed")
 
-from conftest import FIXTURES  # noqa: E402
+from conftest import FIXTURES, dev_data  # noqa: E402
 
 from pocket_agent.decision import (  # noqa: E402
     DecisionAdapter,
@@ -449,9 +449,10 @@ def test_bfcl_rows_become_tools_training_rows(tiny_gguf: Model) -> None:
     assert tools_data.call_arguments({"x": [3], "since": ["", None]}, schema) == {"x": 3}
     with pytest.raises(ValueError, match="held-out"):
         tools_data.read_rows("live_simple")
-    if not (tools_data.DATA / "parallel.jsonl").is_file():
-        pytest.fail(f"BFCL data missing: {tools_data.DATA} (the shared data folder beside the repository)")
-    rows = [tools_data.convert_row(tools_data.read_rows(c)[0], c) for c in ("parallel", "irrelevance")]
+    bfcl = dev_data("bfcl")
+    if not (bfcl / "parallel.jsonl").is_file():
+        pytest.fail(f"BFCL data missing: {bfcl}")
+    rows = [tools_data.convert_row(tools_data.read_rows(c, bfcl)[0], c) for c in ("parallel", "irrelevance")]
     assert [len(r["output"].get("tool_calls", [])) for r in rows] == [3, 0]
     assert rows[1]["output"] == {"content": tools_data.NO_TOOL_ANSWER}
     assert rows[0]["tools"][0]["function"]["parameters"]["type"] == "object"  # BFCL "dict", normalised
