@@ -72,6 +72,7 @@ def score_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     from pocket_agent.runtime import load_model
     from pocket_agent.tools import Agent, Tool
+    from pocket_agent.tools.format import as_messages
     from pocket_agent.training._lora import update_gguf_lora_metadata
 
     model = load_model(threads=args.threads)
@@ -87,7 +88,7 @@ def score_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         for cat in CATEGORIES:
             for row in rows(cat, args.start, args.stop):
                 agent = Agent([Tool.from_openai(f) for f in row["function"]], model=model, adapter=scored_with)
-                msgs = agent._messages(row["question"][0])
+                msgs = as_messages(row["question"][0])
                 r = agent.route(msgs)
                 neutral = {k: r.raw[k] - r.logits[k] + (0 if k == "answer" else agent._router.bias) for k in r.raw}
                 records.append({"category": cat, "id": row["id"], "question": r.raw, "neutral": neutral})

@@ -299,7 +299,7 @@ def test_a_request_that_joins_nothing_gets_one_call(smollm: Model) -> None:
     two = one + "\n" + one.replace("capital", "population")
     alone = [{"role": "user", "content": "What is the capital of Brazil?"}]
     joined = [{"role": "user", "content": "What are the capital and the population of Brazil?"}]
-    assert agent._turn_grammar("required", alone).accepts_text(one)
-    assert not agent._turn_grammar("required", alone).accepts_text(two)
-    assert agent._turn_grammar("required", joined).accepts_text(two)
+    assert agent.turn_grammar("required", alone).accepts_text(one)
+    assert not agent.turn_grammar("required", alone).accepts_text(two)
+    assert agent.turn_grammar("required", joined).accepts_text(two)
     assert len(agent.step(alone).tool_calls) == 1

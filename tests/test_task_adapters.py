@@ -144,7 +144,7 @@ def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_cons
     import gguf
     from test_lora import write_lora
 
-    import pocket_agent.tools.agent as agent_module
+    import pocket_agent.tools.turn as turn_module
     from pocket_agent import Agent
     from pocket_agent.tools.routing import CALL_BIAS
 
@@ -183,14 +183,14 @@ def test_an_agent_switches_its_tools_lora_on_for_its_turns_with_its_routing_cons
     assert tuned._router.bias == CALL_BIAS
     on_while_generating: list[list[str]] = []
     end_biases: list[float] = []
-    real_stream = agent_module.stream_tokens
+    real_stream = turn_module.stream_tokens
 
     def watched(model: Model, *args: Any, **kwargs: Any) -> Any:
         on_while_generating.append([a.path.name for a in model.loras if a.scale != 0.0])
         end_biases.append(kwargs.get("end_bias", 0.0))
         return real_stream(model, *args, **kwargs)
 
-    monkeypatch.setattr(agent_module, "stream_tokens", watched)
+    monkeypatch.setattr(turn_module, "stream_tokens", watched)
     step = Agent([add], model=smollm, adapter=path, tool_choice="required").step(task)
     assert on_while_generating == [["tools.gguf"]] and step.tool_calls
     assert all(a.scale == 0.0 for a in smollm.loras)
@@ -231,15 +231,15 @@ def test_answer_turns_and_agents_without_tools_run_on_the_base_weights(smollm: M
     assert float(record["more_calls_bias"]) > 0
     base = _base_logits(smollm)
     seen: list[np.ndarray] = []
-    import pocket_agent.tools.agent as agent_module
+    import pocket_agent.tools.turn as turn_module
 
-    real_stream = agent_module.stream_tokens
+    real_stream = turn_module.stream_tokens
 
     def spy(model: Model, *args: object, **kwargs: object) -> object:
         seen.append(_base_logits(model))
         return real_stream(model, *args, **kwargs)
 
-    agent_module.stream_tokens = spy  # type: ignore[assignment]
+    turn_module.stream_tokens = spy  # type: ignore[assignment]
     try:
         for tools, choice, task in (
             ([add], "none", "Say hi."),
@@ -249,7 +249,7 @@ def test_answer_turns_and_agents_without_tools_run_on_the_base_weights(smollm: M
             with contextlib.suppress(OutputBudgetExceeded):  # only the weights matter here
                 Agent(tools, model=smollm, tool_choice=choice, max_tokens=4, adapter=path).step(task)
     finally:
-        agent_module.stream_tokens = real_stream
+        turn_module.stream_tokens = real_stream
     np.testing.assert_array_equal(seen[0], base)
     assert np.abs(seen[1] - base).max() > 1e-2  # a call turn runs on the adapter
     np.testing.assert_array_equal(seen[2], base)

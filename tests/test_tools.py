@@ -461,8 +461,8 @@ def test_agent_validates_configuration() -> None:
 
 def test_a_turn_keeps_one_of_each_call() -> None:
     """Calls that read the same once their arguments are chosen are one call: the repeat goes."""
-    from pocket_agent.tools.agent import without_repeated_calls
     from pocket_agent.tools.routing import call_key
+    from pocket_agent.tools.turn import without_repeated_calls
 
     @tool
     def weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:

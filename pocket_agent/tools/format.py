@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import InvalidInputError, ToolArgumentError
 from ..grammars.schema import cap_lengths
 from ..runtime.prompt import PromptData, render_pieces
+from .answer import stated_pattern
 from .tool import Tool
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ def build_grammar(
     model: Model | None = None,
     ground_text: str | None = None,
     ground_numbers: bool = False,
+    answer_facts: Sequence[str] = (),
 ) -> str:
     """The Lark grammar (llguidance dialect) for one assistant turn.
 
@@ -163,7 +165,8 @@ def build_grammar(
     ``ground_text`` (the user's request), plain string arguments must be verbatim spans of
     it, and with ``ground_numbers`` numbers must be numbers it prints (see
     :mod:`pocket_agent.grammars.grounding`; a tool parameter opts out with
-    ``"x-grounded": false``).
+    ``"x-grounded": false``). With ``answer_facts`` a free-text answer is one paragraph that
+    states each of them (:func:`~pocket_agent.tools.answer.stated_pattern`).
     """
     by_name = {t.name: t for t in tools}
     choice = check_tool_choice(tool_choice, by_name)
@@ -189,7 +192,8 @@ def build_grammar(
             tags = "|".join(re.escape(t).replace("/", "\\/") for t in (CALL_OPEN, RESPONSE_OPEN, RESPONSE_CLOSE))
             lines.append("answer: TEXT")
             first = "[^<]" if tools else "."  # with tools, "<" opens a call, never an answer
-            lines.append(f"TEXT: /(?s:{first}.*)/ & ~/(?s:.*({tags}).*)/")
+            stated = f" & {stated_pattern(answer_facts)}" if answer_facts else ""
+            lines.append(f"TEXT: /(?s:{first}.*)/ & ~/(?s:.*({tags}).*)/{stated}")
         else:
             lines.append("answer: " + _json_rule(schema))
     if allowed:
@@ -373,3 +377,24 @@ def render_messages(
             if m.get("role") == "tool":
                 m["role"] = "user"
         return render_pieces(template, msgs, data=data)
+
+
+def as_messages(task_or_messages: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A task (the user's request) or a conversation as a checked list of OpenAI-style messages."""
+    if isinstance(task_or_messages, str):
+        if not task_or_messages.strip():
+            raise InvalidInputError("The task is empty; say what the agent should do.")
+        return [{"role": "user", "content": task_or_messages}]
+    if isinstance(task_or_messages, Sequence) and not isinstance(task_or_messages, bytes):
+        msgs: list[dict[str, Any]] = []
+        for i, m in enumerate(task_or_messages):
+            if not isinstance(m, Mapping):
+                raise InvalidInputError(f"messages[{i}] must be a dict with 'role' and 'content'.")
+            msgs.append(dict(m))
+        if not msgs:
+            raise InvalidInputError("messages is empty; give at least one message.")
+        for i, m in enumerate(msgs):
+            if not isinstance(m.get("role"), str):
+                raise InvalidInputError(f"messages[{i}] needs a 'role'.")
+        return msgs
+    raise InvalidInputError(f"task must be a string or a list of messages, got {type(task_or_messages).__name__}.")
