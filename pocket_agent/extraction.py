@@ -34,6 +34,7 @@ from .grounding import (
     Extraction,
     Grounding,
     check_grounding,
+    choose_nulls,
     choose_numbers,
     document_grammar,
     field_confidence,
@@ -211,7 +212,10 @@ def _prepare(
             ) from exc
     # the shipped adapter on the default model: the default model with it merged (runtime/merged.py)
     m = get_default_model("extract") if model is None and adapter == "auto" else resolve_model(model)
-    grammar_schema = js if isinstance(schema, Mapping) else close_objects(js)
+    # Only the declared properties are written, even where a JSON Schema leaves objects open:
+    # still a valid instance, and a small model given room for more keys invents them until
+    # max_tokens (FACTS.md). Validation stays against the schema as written.
+    grammar_schema = close_objects(js)
     # JSON laid out as json.dumps writes it (", " and ": "): SmolLM2-135M copies numbers
     # right far more often after '": ' than after '":' (bench/extract.md).
     grammar_schema = {**grammar_schema, "x-guidance": {**JSON_LAYOUT, **dict(grammar_schema.get("x-guidance") or {})}}
@@ -334,6 +338,7 @@ def _attempts(
             raw, chosen = choose_numbers(p.model, ids, raw, p.grammar_schema, text)
         if strings_grounded:
             raw, _ = widen_words(raw, p.grammar_schema, text)
+            raw, _ = choose_nulls(p.model, ids, raw, p.grammar_schema)
         last_raw = raw
         try:
             value = _validate(p, raw)

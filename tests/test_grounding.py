@@ -21,10 +21,12 @@ from pocket_agent import extract, extract_many, extract_stream
 from pocket_agent.errors import InvalidInputError
 from pocket_agent.grammars import Lark, compile_grammar
 from pocket_agent.grammars.grounding import (
+    amount_options,
     date_options,
     email_options,
     grounded_grammar,
     grounded_values,
+    identifier_options,
     is_grounded,
     iso_date_options,
     normalize_space,
@@ -133,6 +135,14 @@ def test_which_strings_hold_dates(name: str | None, node: dict[str, Any], holds:
         ("email", {"x-grounded": "span"}, None),
         ("mailing_address", {}, None),
         ("title", {}, None),
+        ("total", {}, "amount"),
+        ("amount_due", {}, "amount"),
+        ("金额", {}, "amount"),
+        ("invoice_number", {}, "identifier"),
+        ("order_id", {}, "identifier"),
+        ("tax_id", {}, "identifier"),  # an identifier before an amount
+        ("订单编号", {}, "identifier"),
+        ("number_of_guests", {}, None),  # a count, not a code
     ],
 )
 def test_which_strings_hold_which_kind(name: str, node: dict[str, Any], kind: str | None) -> None:
@@ -152,6 +162,43 @@ def test_kind_options_are_what_the_text_prints() -> None:
     phones = phone_options(text)
     assert {"+60 3-5121 3881", "016-7867868", "(555) 123-4567"} <= set(phones)
     assert not any("2018" in p or "12.50" in p for p in phones)  # dates and amounts are not phones
+
+
+def test_amounts_and_identifiers_are_what_the_text_prints() -> None:
+    text = "Invoice No: INV-2041 dated 2024-03-01. Order #A-77, 3 items, tel 555-1234. Total RM 1,234.50"
+    assert amount_options(text) == number_options(text, quantities=True)
+    assert "1234.50" in amount_options(text)
+    ids = identifier_options(text)
+    assert {"INV-2041", "#A-77"} <= set(ids)
+    assert not {"2024-03-01", "3", "1,234.50", "1234.50"} & set(ids)  # dates, counts and prices are not codes
+
+
+def test_a_nullable_field_of_a_kind_the_text_never_prints_can_only_be_null() -> None:
+    from typing import Optional
+
+    from pocket_agent.grammars import close_objects
+    from pocket_agent.runtime import ScriptedModel
+
+    class Contact(BaseModel):
+        name: str
+        email: Optional[str] = None  # noqa: UP045 (the spelling users write)
+        invoice_number: Optional[str] = None  # noqa: UP045
+        total: str
+
+    schema = close_objects(Contact.model_json_schema())
+    model = ScriptedModel(["x"])
+    doc = "Thanks for lunch, Anna. See you Friday."
+    g = compile_grammar(Lark(grounded_grammar(schema, doc) or ""), model)
+    ok = {"name": "Anna", "email": None, "invoice_number": None, "total": "Friday"}
+    assert g.accepts_text(json.dumps(ok, separators=(",", ":")))
+    assert not g.accepts_text(json.dumps({**ok, "email": "Anna"}, separators=(",", ":")))
+    assert not g.accepts_text(json.dumps({**ok, "invoice_number": "Friday"}, separators=(",", ":")))
+    # where the text prints one, the field holds it (or null)
+    doc2 = "Invoice INV-77A from anna@x.io, total 12.50"
+    g2 = compile_grammar(Lark(grounded_grammar(schema, doc2) or ""), model)
+    full = {"name": "Invoice", "email": "anna@x.io", "invoice_number": "INV-77A", "total": "12.50"}
+    assert g2.accepts_text(json.dumps(full, separators=(",", ":")))
+    assert not g2.accepts_text(json.dumps({**full, "total": "Invoice"}, separators=(",", ":")))
 
 
 def test_typed_fields_take_the_printed_values_on_the_default_model(smollm: Model) -> None:
@@ -576,3 +623,54 @@ def test_number_options_with_units_read_numbers_glued_to_units() -> None:
     plain = number_options(text)
     assert "5" not in plain and "12" not in plain and "200000" in plain
     assert number_options(text, units=True) == ["5", "3.5", "200000", "3", "-2", "2", "12"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("尊敬的王小明先生", "王小明"),
+        ("李华女士", "李华"),
+        ("Dear Dr. Anna Berg", "Anna Berg"),
+        ("Mr. Smith,", "Smith"),
+        ("Dr.", "Dr."),  # nothing would be left: kept
+        ("Anna", "Anna"),
+    ],
+)
+def test_names_lose_their_greetings_and_titles(value: str, expected: str) -> None:
+    from pocket_agent.grounding import without_titles
+
+    assert without_titles(value) == expected
+
+
+def test_which_fields_hold_a_persons_name() -> None:
+    from pocket_agent.grounding import is_person_field
+
+    assert all(map(is_person_field, ["name", "recipient", "contact_person", "customerName", "收件人", "姓名"]))
+    assert not any(map(is_person_field, ["company_name", "file_name", "email", "title", "金额"]))
+
+
+def test_optional_strings_are_grounded_strings_too() -> None:
+    from pocket_agent.grounding import nullable_fields, string_node, widen_words
+
+    class Card(BaseModel):
+        recipient: str | None = None
+        invoice_number: str | None = None
+        total: float
+
+    schema = Card.model_json_schema()
+    assert nullable_fields(schema) == {"recipient", "invoice_number"}
+    assert string_node(schema["properties"]["recipient"]) == {"title": "Recipient", "type": "string"}
+    assert string_node(schema["properties"]["total"]) is None
+    raw = '{"recipient": "尊敬的王小明先生", "invoice_number": "2041", "total": 3}'
+    out, changed = widen_words(raw, schema, "尊敬的王小明先生：发票 INV-2041 已开具。")
+    assert json.loads(out) == {"recipient": "王小明", "invoice_number": "INV-2041", "total": 3}
+    assert changed == ["recipient", "invoice_number"]
+
+
+def test_objects_close_only_where_closing_keeps_instances() -> None:
+    from pocket_agent.grammars import close_objects
+
+    open_schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert close_objects(open_schema)["additionalProperties"] is False
+    needs_more = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]}
+    assert "additionalProperties" not in close_objects(needs_more)  # closing would accept nothing

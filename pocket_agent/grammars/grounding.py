@@ -62,7 +62,7 @@ GROUNDED_KEY = "x-grounded"
 """Schema keyword that switches grounding on (``true``) or off (``false``) for a value, or
 names the kind of span a string holds (``"date"``, ``"span"``: see :data:`SPAN_KINDS`)."""
 
-SPAN_KINDS = ("date", "time", "email", "url", "phone", "span")
+SPAN_KINDS = ("date", "time", "email", "url", "phone", "amount", "identifier", "span")
 """String values of :data:`GROUNDED_KEY`: ``"date"`` (and the other kinds) narrows a grounded
 string to the values of that kind the source prints, ``"span"`` keeps any span even for a
 field named like one of them."""
@@ -339,6 +339,35 @@ def phone_options(text: str) -> list[str]:
     return _unique(out)
 
 
+def amount_options(text: str) -> list[str]:
+    """The amounts ``text`` prints, as their numbers (``RM 1,234.50`` -> ``1234.50``): what a
+    money field typed ``str`` holds, the same choices as one typed ``float``."""
+    return number_options(text, quantities=True)
+
+
+_IDENT_TOKEN = re.compile(r"(?<![\w#-])#?[A-Za-z0-9][A-Za-z0-9_./-]*\d[A-Za-z0-9_./-]*|(?<![\w#-])#?\d[A-Za-z0-9_./-]*")
+
+
+def identifier_options(text: str) -> list[str]:
+    """The codes ``text`` prints: tokens of letters, digits and ``-_./`` holding a digit, at least
+    three characters (``INV-2041``, ``TD01167104``, ``#A-77``), without a trailing dot; not a
+    date or part of one, a price or a number under 1000."""
+    dates = date_options(text)
+    out = (m.group(0).rstrip("./-") for m in _IDENT_TOKEN.finditer(text))
+    out = (v for v in out if not any(v in d for d in dates))  # the year of "1 March 2024"
+    return _unique(
+        v for v in out if len(v.lstrip("#")) >= 3 and not _plausible_any_date(v) and not _AMOUNT.fullmatch(v)
+    )
+
+
+_AMOUNT = re.compile(r"\d+[.,]\d{1,2}|\d{1,3}")
+"""A price (``5.60``) or a small count is not a code."""
+
+
+def _plausible_any_date(value: str) -> bool:
+    return any(p.fullmatch(value) for p in _DATE_SHAPES)
+
+
 def _unique(values: Any) -> list[str]:
     return list(dict.fromkeys(v for v in values if v))
 
@@ -349,6 +378,10 @@ _KIND_WORDS: dict[str, frozenset[str]] = {
     "email": frozenset({"email", "emails"}),
     "url": frozenset({"url", "urls", "website", "homepage", "uri", "link", "links"}),
     "phone": frozenset({"phone", "phones", "telephone", "tel", "mobile", "fax", "cellphone"}),
+    "amount": frozenset(
+        {"total", "amount", "price", "cost", "subtotal", "tax", "vat", "gst", "fee", "fees", "balance", "paid", "sum"}
+    ),
+    "identifier": frozenset({"id", "no", "number", "num", "code", "ref", "reference", "sku", "iban", "serial"}),
 }
 _KIND_CJK = {
     "date": ("日期",),
@@ -356,7 +389,11 @@ _KIND_CJK = {
     "email": ("邮箱", "邮件"),
     "url": ("网址",),
     "phone": ("电话", "手机"),
+    "amount": ("金额", "合计", "总计", "总额", "价格", "费用", "总价", "价钱"),
+    "identifier": ("编号", "单号", "号码", "代码"),
 }
+_KIND_ORDER = ("date", "time", "email", "url", "phone", "identifier", "amount")
+"""The order names are read in: ``tax_id`` is an identifier, ``tax`` an amount."""
 _DURATION_WORDS = frozenset(
     {"zone", "zones", "travel", "processing", "lead", "elapsed", "wait", "waiting", "cooking", "prep", "response"}
 )
@@ -367,6 +404,8 @@ KIND_OPTIONS = {
     "email": email_options,
     "url": url_options,
     "phone": phone_options,
+    "amount": amount_options,
+    "identifier": identifier_options,
 }
 """For each kind of span, the function that finds its candidates in a source text."""
 
@@ -380,17 +419,22 @@ def span_kind(name: str | None, node: Mapping[str, Any]) -> str | None:
     """The kind of value a grounded string holds, from ``"x-grounded"`` (one of
     :data:`SPAN_KINDS`; ``"span"``: none) or else its property name or ``title``: a word
     "date", "time" (not with "zone" or a duration's word such as "travel"), "email",
-    "url"/"website"/"link", "phone"/"tel"/"mobile"/"fax", or the Chinese word for one of
-    them (``日期``, ``时间``, ``邮箱``, ``网址``, ``电话``). ``None``: a plain span."""
+    "url"/"website"/"link", "phone"/"tel"/"mobile"/"fax", an identifier ("id", "number",
+    "no", "code", "ref", not "number of"), an amount ("total", "amount", "price", "tax",
+    ...), or the Chinese word for one of them (``日期``, ``时间``, ``邮箱``, ``网址``, ``电话``,
+    ``编号``, ``金额``, ...). ``None``: a plain span."""
     flag = node.get(GROUNDED_KEY)
     if flag in SPAN_KINDS:
         return None if flag == "span" else str(flag)
     labels = [x for x in (name, node.get("title")) if isinstance(x, str)]
-    for kind, words in _KIND_WORDS.items():
+    for kind in _KIND_ORDER:
+        words = _KIND_WORDS[kind]
         for label in labels:
             found = set(_name_words(label))
             if kind == "email" and "e" in found and "mail" in found:
                 return kind
+            if kind == "identifier" and "of" in found:  # number_of_guests is a count
+                continue
             if words & found and not (kind == "time" and found & _DURATION_WORDS):
                 return kind
             if any(w in label for w in _KIND_CJK[kind]):
@@ -440,6 +484,11 @@ def is_grounded(node: Mapping[str, Any], *, strings: bool = True, numbers: bool 
     if types & {"number", "integer"}:
         return numbers or flag is True
     return False
+
+
+ABSENT = "<absent>"
+"""What :meth:`_Builder.value` gives for a value the text does not state where ``null`` may
+stand instead: the branch is left out, so only ``null`` (or the other branches) remain."""
 
 
 class _Builder:
@@ -564,18 +613,20 @@ class _Builder:
 
     # -- structure ---------------------------------------------------------------------------
 
-    def value(self, raw: Mapping[str, Any], key: str | None = None) -> str | None:
-        """The rule for a value; ``key`` is the property name that holds it, if any."""
+    def value(self, raw: Mapping[str, Any], key: str | None = None, *, absent_ok: bool = False) -> str | None:
+        """The rule for a value; ``key`` is the property name that holds it, if any. With
+        ``absent_ok`` (a branch beside ``null``), a string of a kind the text does not print
+        gives :data:`ABSENT` instead of a span: the text does not state it, so it is null."""
         ref = raw.get("$ref")
         if isinstance(ref, str):
             if ref in self._active:  # recursive schema: keep the rest as plain JSON
                 return None
             self._active.add(ref)
             try:
-                return self._value(self.resolve(raw), key)
+                return self._value(self.resolve(raw), key, absent_ok)
             finally:
                 self._active.discard(ref)
-        return self._value(raw, key)
+        return self._value(raw, key, absent_ok)
 
     def named_choices(self, node: Mapping[str, Any]) -> str | None:
         """A string ``enum`` narrowed to the values the text names, when it names some but not all."""
@@ -592,7 +643,7 @@ class _Builder:
             self.single_named[name] = named[0]
         return name
 
-    def _value(self, node: Mapping[str, Any], key: str | None = None) -> str | None:
+    def _value(self, node: Mapping[str, Any], key: str | None = None, absent_ok: bool = False) -> str | None:
         named = self.named_choices(node)
         if named is not None:
             self.grounded += 1
@@ -600,17 +651,20 @@ class _Builder:
         if self.strings and _types(node) == {"string"} and node.get("format") == "date":
             if node.get(GROUNDED_KEY) is False or any(k in node for k in ("enum", "const", "pattern")):
                 return None
-            rule = self.iso_date_rule(node)
+            rule = self.iso_date_rule(node) or (ABSENT if absent_ok else None)
             if rule is not None:
                 self.grounded += 1
             return rule
         if is_grounded(node, strings=self.strings, numbers=self.numbers):
             types = _types(node)
             if types != {"string"}:
-                rule = self.number_rule(node)
+                rule = self.number_rule(node) or (ABSENT if absent_ok else None)
             else:
                 kind = span_kind(key, node)
-                rule = (self.kind_rule(kind, node) if kind else None) or self.span_terminal(node)
+                rule = self.kind_rule(kind, node) if kind else None
+                if rule is None:
+                    # a kind the text never prints (no e-mail address for "email") is absent
+                    rule = ABSENT if kind and absent_ok else self.span_terminal(node)
             if rule is not None:
                 self.grounded += 1
             return rule
@@ -630,10 +684,12 @@ class _Builder:
         if any(not isinstance(b, Mapping) for b in branches):
             return None
         inherit = {k: parent[k] for k in (GROUNDED_KEY, DATE_ORDER_KEY, "title") if k in parent}
-        rendered = [self.value({**inherit, **b}, key) for b in branches]
-        if all(r is None for r in rendered):
+        nullable = any(_types(self.resolve(b)) == {"null"} for b in branches)
+        rendered = [self.value({**inherit, **b}, key, absent_ok=nullable) for b in branches]
+        kept = [(r, b) for r, b in zip(rendered, branches, strict=True) if r != ABSENT]
+        if all(r is None for r, _ in kept) and len(kept) == len(branches):
             return None
-        alts = [r if r is not None else self.json_rule(b) for r, b in zip(rendered, branches, strict=True)]
+        alts = [r if r is not None else self.json_rule(b) for r, b in kept]
         name = self.name("alt")
         self.rules.append(f"{name}: " + " | ".join(alts))
         return name

@@ -185,12 +185,18 @@ def _is_object_schema(node: dict[str, Any]) -> bool:
 
 def close_objects(schema: Any) -> Any:
     """A copy of ``schema`` where every object subschema without an explicit
-    ``additionalProperties`` (or ``unevaluatedProperties``) gets ``additionalProperties: false``.
+    ``additionalProperties`` (or ``unevaluatedProperties``) gets ``additionalProperties: false``,
+    unless it requires a key its ``properties`` do not declare (closing would then accept
+    nothing). Every instance the copy accepts is an instance of ``schema``.
     """
     out = copy.deepcopy(schema)
     for _, node in iter_subschemas(out):
         if _is_object_schema(node) and "additionalProperties" not in node and "unevaluatedProperties" not in node:
-            node["additionalProperties"] = False
+            props, need = node.get("properties"), node.get("required")
+            declared: Mapping[str, Any] = props if isinstance(props, Mapping) else {}
+            required: list[Any] = need if isinstance(need, list) else []
+            if all(k in declared for k in required) and not node.get("minProperties"):
+                node["additionalProperties"] = False
     return out
 
 
