@@ -361,21 +361,37 @@ def null_margins(model: Model, prompt: Sequence[int], raw: str, schema: Mapping[
 def choose_nulls(
     model: Model, prompt: Sequence[int], raw: str, schema: Mapping[str, Any], *, bias: float | None = None
 ) -> tuple[str, list[str]]:
-    """``raw`` with each nullable top-level value set to ``null`` where the model, asked again
-    at that point, prefers ``null`` to what it wrote by more than ``-bias`` (default
-    :data:`NULL_BIAS`); and the fields set to null. A small model writes a value wherever the
-    grammar lets it; this is the scored decision between the value and stating nothing."""
+    """``raw`` with each nullable top-level value set to ``null`` where it repeats an earlier
+    field's value (:func:`repeated_values`) or where the model, asked again at that point,
+    prefers ``null`` to what it wrote by more than ``-bias`` (default :data:`NULL_BIAS`); and the
+    fields set to null, in order. A small model writes a value wherever the grammar lets it;
+    this is the decision between the value and stating nothing."""
     bias = NULL_BIAS if bias is None else bias
-    if not math.isfinite(bias):
-        return raw, []
-    nulled = []
-    for key, margin in null_margins(model, prompt, raw, schema).items():
-        if margin + bias > 0:
-            nulled.append(key)
-    for key in reversed(nulled):  # right to left: earlier spans stay valid
-        start, end = _value_spans(raw)[key]
+    nulled = set(repeated_values(raw, schema))
+    if math.isfinite(bias):
+        nulled |= {key for key, margin in null_margins(model, prompt, raw, schema).items() if margin + bias > 0}
+    spans = _value_spans(raw)
+    for key in sorted(nulled, key=lambda k: -spans[k][0]):  # right to left: earlier spans stay valid
+        start, end = spans[key]
         raw = raw[:start] + "null" + raw[end:]
-    return raw, nulled
+    return raw, sorted(nulled, key=lambda k: spans[k][0])
+
+
+def repeated_values(raw: str, schema: Mapping[str, Any]) -> list[str]:
+    """The nullable top-level fields of ``raw`` whose value repeats an earlier field's value (a
+    company that is the person's name, a tax that is the total): one printed value answers one
+    field, so the repeat is the model filling a field the text does not state."""
+    nullable = nullable_fields(schema)
+    seen: list[Any] = []
+    out = []
+    for key, value, _, _ in json_members(raw):
+        if value is None or isinstance(value, (bool, dict, list)):
+            continue
+        if key in nullable and value in seen:  # equal only: a city inside an address is no repeat
+            out.append(key)
+            continue
+        seen.append(value)
+    return out
 
 
 def completes(written: str, printed: str) -> bool:

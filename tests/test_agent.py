@@ -224,3 +224,62 @@ def test_tool_objects_are_reusable_across_agents(smollm: Model) -> None:
     a1, a2 = Agent([t], model=smollm), Agent([t], model=smollm, parallel_tool_calls=False)
     assert a1.grammar_text() != a2.grammar_text()
     assert "calls: call\n" in a2.grammar_text()
+
+
+@tool
+def _calculate(expression: str) -> float:
+    """Evaluate an arithmetic expression such as 2 + 3 * 4."""
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return float(ops[type(node.op)](ev(node.left), ev(node.right)))
+        raise ValueError("not arithmetic")
+
+    return ev(ast.parse(expression, mode="eval").body)
+
+
+@tool
+def _get_weather(city: str) -> dict[str, Any]:
+    """Get the current weather for a city."""
+    if city.lower() != "oslo":
+        raise ValueError(f"unknown city {city!r}")
+    return {"temp_c": -3, "conditions": "light snow"}
+
+
+@tool
+def _convert_currency(amount: float, src: str, dst: str) -> float:
+    """Convert an amount of money from one currency to another (ISO codes like USD, EUR)."""
+    return round(amount * 0.92, 2)
+
+
+EVERYDAY = [_calculate, _get_weather, _convert_currency]
+
+
+def test_tool_choice_reads_the_descriptions(smollm: Model) -> None:
+    from pocket_agent.tools.relevance import relevance, relevant_tools
+
+    for request, best in (
+        ("What's the weather in Oslo?", "_get_weather"),
+        ("How much is 100 USD in EUR?", "_convert_currency"),
+        ("Compute 1250 / 4", "_calculate"),
+    ):
+        assert relevance(smollm, EVERYDAY, request).best_tool == best, request
+    assert relevant_tools(relevance(smollm, EVERYDAY, "Hello there!")) == []  # small talk: no tool fits
+
+
+def test_an_everyday_agent_finishes_with_the_result(smollm: Model) -> None:
+    agent = Agent(EVERYDAY, model=smollm, **FAST)
+    run = agent.run("Compute 1250 / 4")
+    assert [c.name for c in run.steps[0].tool_calls] == ["_calculate"]
+    assert run.steps[0].results[0].output == 312.5  # the whole expression, not "1250"
+    assert "312.5" in run.final  # the answer states the tool's result
+    failed = agent.run("What's the weather in Atlantis?")
+    if any(c.name == "_get_weather" for s in failed.steps for c in s.tool_calls):
+        assert "_get_weather failed" in failed.final  # said plainly, nothing invented
+    assert agent.run("Hello there!").steps[0].tool_calls == []

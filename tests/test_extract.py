@@ -26,6 +26,7 @@ from pocket_agent.errors import (
 from pocket_agent.extraction import complete_fields
 from pocket_agent.generate import render_prompt, run_generation
 from pocket_agent.grammars import Choice, Regex, compile_grammar
+from pocket_agent.grammars.grounding import number_options
 from pocket_agent.runtime import Model
 
 RECEIPT = "BOOK TA .K (TAMAN DAYA) SDN BHD\nNO.53, JALAN SAGU 18, TAMAN DAYA\nDATE: 25/12/2018\nTOTAL: 9.00"
@@ -40,7 +41,10 @@ class Receipt(BaseModel):
 def test_extract_returns_validated_model(smollm: Model) -> None:
     r = extract(RECEIPT, Receipt, model=smollm)
     assert isinstance(r, Receipt)
-    assert r.total >= 0 or r.total < 0  # any float: the grammar guarantees the type, not the value
+    assert isinstance(r.total, float)
+    # grounded by default: the date and the total are values the receipt prints
+    printed = {float(n) for n in number_options(RECEIPT, quantities=True)}
+    assert r.date in RECEIPT and r.total in printed
 
 
 def test_extract_json_schema_dict_returns_valid_data(smollm: Model) -> None:

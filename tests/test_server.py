@@ -194,6 +194,58 @@ def test_parse_returns_a_valid_pydantic_object(server: Server) -> None:
     assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
 
 
+class Receipt(BaseModel):
+    company: str
+    date: str
+    total: float
+
+
+OPEN_RECEIPT = {  # as a user writes JSON Schema: objects open
+    "type": "object",
+    "properties": {"company": {"type": "string"}, "date": {"type": "string"}, "total": {"type": "number"}},
+    "required": ["company", "date", "total"],
+}
+
+
+def _short_receipts(model: Any, n: int) -> list[str]:
+    from conftest import dev_data
+
+    rows = [json.loads(x) for x in (dev_data("sroie") / "receipts.jsonl").read_text(encoding="utf-8").splitlines()]
+    texts = [r["text"] for r in rows if len(model.tokenize(r["text"])) < 560]  # fits the server's n_ctx 1024
+    assert len(texts) >= n
+    return texts[:n]
+
+
+@pytest.mark.slow
+def test_structured_routes_give_what_extract_gives(server: Server, smollm: Any) -> None:
+    """response_format (strict and open) and a forced tool call are extraction: the user's message is
+    the document, and the values are extract()'s on the same model, for 10 receipts."""
+    from pocket_agent import extract
+
+    client = server.client()
+    tool = {"type": "function", "function": {"name": "record_receipt", "parameters": OPEN_RECEIPT}}
+    for text in _short_receipts(smollm, 10):
+        want = extract(text, Receipt, model=smollm).model_dump()
+        want_open = extract(text, OPEN_RECEIPT, model=smollm)
+        parsed = client.chat.completions.parse(model="local", messages=_user(text), response_format=Receipt)
+        assert parsed.choices[0].message.parsed is not None
+        assert parsed.choices[0].message.parsed.model_dump() == want
+        fmt = {"type": "json_schema", "json_schema": {"name": "receipt", "schema": OPEN_RECEIPT, "strict": False}}
+        opened = client.chat.completions.create(model="local", messages=_user(text), response_format=fmt)  # type: ignore[arg-type]
+        got_open = json.loads(opened.choices[0].message.content or "")
+        assert got_open == want_open and set(got_open) == {"company", "date", "total"}  # declared keys only
+        for choice in ({"type": "function", "function": {"name": "record_receipt"}}, "required"):
+            called = client.chat.completions.create(
+                model="local",
+                messages=_user(text),
+                tools=[tool],
+                tool_choice=choice,  # type: ignore[arg-type,list-item]
+            )
+            calls = called.choices[0].message.tool_calls or []
+            assert called.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+            assert json.loads(calls[0].function.arguments) == want_open  # type: ignore[union-attr]
+
+
 def test_json_object_mode_returns_a_json_object(server: Server) -> None:
     completion = server.client().chat.completions.create(
         model="local",

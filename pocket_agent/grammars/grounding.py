@@ -68,7 +68,11 @@ string to the values of that kind the source prints, ``"span"`` keeps any span e
 field named like one of them."""
 
 _UNGROUNDABLE = ("enum", "const", "pattern", "format")
-_CHUNK = re.compile(r"\w+|\s+|[^\w\s]", re.UNICODE)
+_CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CHUNK = re.compile(rf"[{_CJK_CHARS}]|[^\W{_CJK_CHARS}]+|\s+|[^\w\s]", re.UNICODE)
+"""Words, single spaces and punctuation, and each CJK character on its own: Chinese and Japanese
+write no spaces between words, so a span may start and end at any character (王小明 in
+尊敬的王小明先生)."""
 IDENTIFIER_DIGITS = 8
 """A number printed as this many digits or more, with no separator or decimals, is read as an
 identifier (phone, barcode, account number), not a quantity."""
@@ -102,7 +106,7 @@ def normalize_space(text: str) -> str:
 
 def span_chunks(text: str) -> list[str]:
     """The chunks a grounded span is made of, JSON-escaped: words, single punctuation
-    characters and single spaces of the whitespace-normalised ``text``."""
+    characters, single CJK characters and single spaces of the whitespace-normalised ``text``."""
     out = []
     for piece in _CHUNK.findall(normalize_space(text)):
         out.append(json.dumps(piece, ensure_ascii=False)[1:-1])

@@ -25,6 +25,7 @@ from ..runtime import Model
 from ..tools import Agent, Step, Tool
 from ..tools.format import CALL_OPEN
 from .protocol import APIError, CallOut, ChatJob, Reply, new_id
+from .structured import StructuredRoute, structured_reply, structured_route
 
 Check = Callable[[], None]
 """Called between two events; raises to stop the work (client gone, deadline passed)."""
@@ -130,6 +131,10 @@ class ChatTurn:
 
     def events(self, check: Check) -> Iterator[Event]:
         """Run the turn, yielding :class:`Event` objects; the last is ``done`` with a :class:`Reply`."""
+        route = structured_route(self.job)
+        if route is not None:  # a schema's object from the user's message: extraction (structured.py)
+            yield from self._structured_events(route, check)
+            return
         job = self.job
         agent, n_prompt = self._prepare()
         calls_possible = bool(job.tools) and job.tool_choice != "none"
@@ -218,6 +223,16 @@ class ChatTurn:
             yield Event("content", seen[released:])
         reason: Literal["stop", "length"] = "length" if step.finish_reason == "length" else "stop"
         yield Event("done", value=Reply(seen, [], reason, prompt_tokens, completion_tokens))
+
+    def _structured_events(self, route: StructuredRoute, check: Check) -> Iterator[Event]:
+        where = "response_format.json_schema.schema" if route.tool is None else "tools.function.parameters"
+        compile_schema(route.schema, self.model, where)
+        check()
+        reply = structured_reply(self.model, route, self.job.max_tokens if self.job.max_tokens_given else None)
+        yield Event("started")
+        if reply.content:
+            yield Event("content", reply.content)
+        yield Event("done", value=reply)
 
 
 def _first_stop(text: str, stops: list[str], start: int) -> int | None:

@@ -355,25 +355,33 @@ class Agent:
         total = float(np.exp(logits[auto_ids] - top).sum())
         return float(np.exp(logits[call_ids] - top).sum()) / total
 
+    def _choose(
+        self, messages: Sequence[Mapping[str, Any]], ids: list[int], tool_choice: str
+    ) -> tuple[str, float | None, Routing | None, list[str]]:
+        """How the next turn is constrained: its tool choice, the call probability and routing
+        that decided it (under ``auto``), and the tools left out of it."""
+        if tool_choice != "auto" or not self.tools:
+            return tool_choice, None, None, []
+        if self.call_threshold is not None:
+            p_call = self.call_probability(ids)
+            return ("required" if p_call >= self.call_threshold else "none"), p_call, None, []
+        if self.routing != "scored" or not self.model.capabilities.probabilities:
+            return tool_choice, None, None, []
+        routed = self.route(messages)
+        request = last_user_text(messages) if messages[-1].get("role") == "user" else None
+        if not routed.calls:
+            return "none", routed.call_probability, routed, []
+        if not request:
+            return "required", routed.call_probability, routed, []
+        # a request no tool's description fits is answered; the calls go to the tools it fits
+        fits = self.relevant_tools(request)
+        off_topic = [name for name in self.tools if name not in fits]
+        return ("required" if fits else "none"), routed.call_probability, routed, off_topic
+
     def _turn(self, messages: Sequence[Mapping[str, Any]], index: int, tool_choice: str) -> Iterator[AgentEvent]:
         model = self.model
         ids = self.prompt_ids(messages)
-        p_call: float | None = None
-        routed: Routing | None = None
-        off_topic: list[str] = []
-        if tool_choice == "auto" and self.tools and self.call_threshold is not None:
-            p_call = self.call_probability(ids)
-            tool_choice = "required" if p_call >= self.call_threshold else "none"
-        elif tool_choice == "auto" and self.tools and self.routing == "scored" and model.capabilities.probabilities:
-            routed = self.route(messages)
-            p_call = routed.call_probability
-            tool_choice = "required" if routed.calls else "none"
-            request = last_user_text(messages) if messages[-1].get("role") == "user" else None
-            if tool_choice == "required" and request:
-                # a request no tool's description fits is answered; the calls go to the tools it fits
-                fits = self.relevant_tools(request)
-                tool_choice = "required" if fits else "none"
-                off_topic = [name for name in self.tools if name not in fits]
+        tool_choice, p_call, routed, off_topic = self._choose(messages, ids, tool_choice)
         results = trailing_tool_messages(messages)
         answers_text = tool_choice != "required" and tool_choice not in self.tools and self._output_schema is None
         if answers_text and results and all(is_error(m.get("content")) for m in results) and tool_choice == "none":
