@@ -153,14 +153,9 @@ CONVERT = {
 TOOLS: list[Any] = [WEATHER, CONVERT]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 # Output that cannot end soon: 60 strings of 40+ characters, 700+ tokens (many seconds even on a fast CPU).
-LONG_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "items": {"type": "array", "items": {"type": "string", "minLength": 40}, "minItems": 60, "maxItems": 60}
-    },
-    "required": ["items"],
-    "additionalProperties": False,
-}
+# A top-level array: generated token by token as a chat answer (an object schema's values are extracted
+# from the message and arrive whole, see pocket_agent/server/structured.py).
+LONG_SCHEMA = {"type": "array", "items": {"type": "string", "minLength": 40}, "minItems": 60, "maxItems": 60}
 
 
 def _user(text: str) -> list[Any]:

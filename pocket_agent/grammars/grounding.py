@@ -565,6 +565,8 @@ class _Builder:
         lo = node.get("minLength")
         hi = node.get("maxLength")
         lo_i = int(lo) if isinstance(lo, int) and lo > 0 else 1
+        if lo_i > len(normalize_space(self.text)):
+            return None  # no span is that long: the value cannot come from the text
         key = f"{lo_i}:{hi}"
         if key in self.terminals:
             return self.terminals[key]

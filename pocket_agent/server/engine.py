@@ -228,7 +228,8 @@ class ChatTurn:
         where = "response_format.json_schema.schema" if route.tool is None else "tools.function.parameters"
         compile_schema(route.schema, self.model, where)
         check()
-        reply = structured_reply(self.model, route, self.job.max_tokens if self.job.max_tokens_given else None)
+        max_tokens = self.job.max_tokens if self.job.max_tokens_given else None
+        reply = structured_reply(self.model, route, max_tokens, check)
         yield Event("started")
         if reply.content:
             yield Event("content", reply.content)

@@ -7,17 +7,19 @@ tool: what instructor's TOOLS mode, pydantic-ai's default output and langchain's
 user message is the document, the system messages are the instructions, and the object is what
 :func:`pocket_agent.extract` gives for them on the same model: grounded values, nulls where the
 text says nothing, only the declared properties even where the schema leaves objects open.
+The object arrives whole, in one piece, when it is complete: its values are chosen after
+decoding (numbers, spans, nulls), so the text decoded token by token is not yet the answer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OutputBudgetExceeded
-from ..extraction import build_messages, extract
+from ..extraction import build_messages, extract_stream
 from ..generate import render_prompt
 from ..runtime import Model
 from .protocol import CallOut, ChatJob, Reply, new_id
@@ -70,16 +72,24 @@ def structured_route(job: ChatJob) -> StructuredRoute | None:
     return None
 
 
-def structured_reply(model: Model, route: StructuredRoute, max_tokens: int | None) -> Reply:
-    """Run the extraction and shape it as the chat reply the request asked for."""
+def structured_reply(
+    model: Model, route: StructuredRoute, max_tokens: int | None, check: Callable[[], None] = lambda: None
+) -> Reply:
+    """Run the extraction and shape it as the chat reply the request asked for; ``check`` runs
+    each time a field completes (a client that went away stops the work there)."""
     messages = build_messages(route.document, route.schema, instructions=route.instructions)
     prompt_tokens = len(render_prompt(model, messages))
+    stream = extract_stream(
+        route.document, route.schema, model=model, instructions=route.instructions, max_tokens=max_tokens
+    )
+    value: Any = None
     try:
-        value = extract(
-            route.document, route.schema, model=model, instructions=route.instructions, max_tokens=max_tokens
-        )
+        for value in stream:  # noqa: B007 - partial dicts as fields complete, then the validated object
+            check()
     except OutputBudgetExceeded as exc:
         return Reply(exc.partial if route.tool is None else None, [], "length", prompt_tokens, exc.tokens)
+    finally:
+        stream.close()  # type: ignore[attr-defined]
     text = json.dumps(value, ensure_ascii=False)
     completion_tokens = len(model.tokenize(text))
     if route.tool is None:
