@@ -383,9 +383,9 @@ _KIND_WORDS: dict[str, frozenset[str]] = {
     "url": frozenset({"url", "urls", "website", "homepage", "uri", "link", "links"}),
     "phone": frozenset({"phone", "phones", "telephone", "tel", "mobile", "fax", "cellphone"}),
     "amount": frozenset(
-        {"total", "amount", "price", "cost", "subtotal", "tax", "vat", "gst", "fee", "fees", "balance", "paid", "sum"}
+        {"total", "amount", "price", "cost", "subtotal", "tax", "vat", "gst", "fee", "fees", "balance", "sum"}
     ),
-    "identifier": frozenset({"id", "no", "number", "num", "code", "ref", "reference", "sku", "iban", "serial"}),
+    "identifier": frozenset({"id", "no", "number", "num", "ref", "reference", "sku", "iban", "serial"}),
 }
 _KIND_CJK = {
     "date": ("日期",),
@@ -397,6 +397,8 @@ _KIND_CJK = {
     "identifier": ("编号", "单号", "号码", "代码"),
 }
 _KIND_ORDER = ("date", "time", "email", "url", "phone", "identifier", "amount")
+_SURE_KINDS = frozenset({"date", "time", "email", "url", "phone", "amount"})
+"""Kinds whose values the text cannot state without printing one the recognisers find."""
 """The order names are read in: ``tax_id`` is an identifier, ``tax`` an amount."""
 _DURATION_WORDS = frozenset(
     {"zone", "zones", "travel", "processing", "lead", "elapsed", "wait", "waiting", "cooking", "prep", "response"}
@@ -669,8 +671,9 @@ class _Builder:
                 kind = span_kind(key, node)
                 rule = self.kind_rule(kind, node) if kind else None
                 if rule is None:
-                    # a kind the text never prints (no e-mail address for "email") is absent
-                    rule = ABSENT if kind and absent_ok else self.span_terminal(node)
+                    # a kind the text never prints (no e-mail address for "email") is absent; an
+                    # identifier may be a word ("alice"), so it falls back to a span
+                    rule = ABSENT if kind in _SURE_KINDS and absent_ok else self.span_terminal(node)
             if rule is not None:
                 self.grounded += 1
             return rule
