@@ -606,7 +606,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
 
 def merge_details(paths: Sequence[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The records of several ``--details`` files side by side (the first file's tasks and meta;
-    each later file adds its systems to the tasks it shares)."""
+    each later file adds the systems the earlier ones lack, on the tasks it shares)."""
     meta: dict[str, Any] = {}
     by_id: dict[str, dict[str, Any]] = {}
     for path in paths:
@@ -616,12 +616,13 @@ def merge_details(paths: Sequence[Path]) -> tuple[dict[str, Any], list[dict[str,
             meta = dict(file_meta)
             by_id = {r["id"]: r for r in records}
             continue
-        meta["systems"] = [*meta["systems"], *[s for s in file_meta["systems"] if s not in meta["systems"]]]
+        added = [s for s in file_meta["systems"] if s not in meta["systems"]]  # a system already there stays
+        meta["systems"] = [*meta["systems"], *added]
         meta["minutes"] = round(meta.get("minutes", 0) + file_meta.get("minutes", 0), 1)
         meta.update({k: v for k, v in file_meta.items() if k.startswith("commit_")})
         for r in records:
             if r["id"] in by_id:
-                by_id[r["id"]].update({s: r[s] for s in file_meta["systems"] if s in r})
+                by_id[r["id"]].update({s: r[s] for s in added if s in r})
     return meta, list(by_id.values())
 
 

@@ -605,6 +605,26 @@ def value_extensions(value: str, text: str) -> list[str]:
     return [span] if span != value and value in span else []
 
 
+_CJK_RUN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+MAX_CJK_WORD = 4
+
+
+def cjk_words(value: str, text: str) -> list[str]:
+    """Where ``value`` is Chinese, the other spans of ``text`` that could be the word meant: every
+    run of 2 to :data:`MAX_CJK_WORD` CJK characters (Chinese writes no spaces, so a small model's
+    span may be the wrong word of the sentence: ``现在`` for ``东京`` in ``东京现在多少度``).
+    Empty for a value that is not all CJK."""
+    if not value or not _CJK_RUN.fullmatch(value):
+        return []
+    out: dict[str, None] = {}
+    for run in _CJK_RUN.findall(text):
+        for size in range(2, MAX_CJK_WORD + 1):
+            for i in range(len(run) - size + 1):
+                out.setdefault(run[i : i + size], None)
+    out.pop(value, None)
+    return list(out)
+
+
 def choose_spans(model: Model, prompt: Sequence[int], written: str, options: Sequence[str]) -> tuple[str, float]:
     """Of ``written`` (a string value the model wrote after ``prompt``) and the longer
     ``options``, the one the model scores highest as the whole value (mean log-probability

@@ -168,3 +168,12 @@ def test_the_failure_answer_speaks_the_requests_language() -> None:
         {"role": "tool", "name": "get_weather", "content": "Error: ValueError: unknown city"},
     ]
     assert failure_answer(messages, "亚特兰蒂斯的天气怎么样？").startswith("抱歉，无法完成：get_weather 调用失败")
+
+
+def test_a_chinese_argument_may_be_any_word_of_the_request() -> None:
+    from pocket_agent.grounding import cjk_words
+
+    words = cjk_words("现在", "东京现在多少度？")
+    assert "东京" in words and "现在" not in words  # the other candidate words, not the written one
+    assert all(2 <= len(w) <= 4 for w in words)
+    assert cjk_words("Tokyo", "东京现在多少度？") == []  # only Chinese values get Chinese alternatives

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from ..grammars.grounding import is_grounded
-from ..grounding import choose_numbers, choose_spans, comma_names, json_members, value_extensions
+from ..grounding import choose_numbers, choose_spans, cjk_words, comma_names, json_members, value_extensions
 from .format import CALL_CLOSE, CALL_OPEN
 from .tool import Tool
 
@@ -50,7 +50,8 @@ def choose_argument_spans(
             limit = node.get("maxLength")
             fits = [o for o in value_extensions(value, request) if not isinstance(limit, int) or len(o) <= limit]
             # a value cut inside an expression or brackets is never a whole value: no choice to score
-            options = fits or [o for o in comma_names(value, request) if not isinstance(limit, int) or len(o) <= limit]
+            others = comma_names(value, request) + cjk_words(value, request)
+            options = fits or [o for o in others if not isinstance(limit, int) or len(o) <= limit]
             if options:
                 edits.append((base + a, base + b, value, options if not fits else [*fits[:1], value]))
     for start, end, value, options in reversed(edits):  # right to left: earlier spans stay valid
