@@ -3,8 +3,9 @@
 For each option, a tool or plain answering, the model reads the option's name and description
 and then the user's request; the option's score is the mean log-probability of the request's
 tokens after it. A request about the weather is likelier after ``get_weather: Get the current
-weather for a city`` than after ``calculate: Evaluate an arithmetic expression``, and
-"Thank you, that is all" is likeliest after the answering option. Unlike the router's
+weather for a city`` than after ``calculate: Evaluate an arithmetic expression``, and small
+talk ("Hello there!") after the answering option (not always: SmolLM2-135M still finds "Thank
+you, that is all for today." likelier after ``calculate``). Unlike the router's
 probability of *writing* a call (which a small model gives to whichever tool it is used to),
 this reads what each tool is for, so tool choice follows the descriptions the user wrote.
 
