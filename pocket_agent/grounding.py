@@ -36,6 +36,7 @@ from .errors import InvalidInputError
 from .grammars import GrammarSpec, compile_spec
 from .grammars.grounding import (
     GROUNDED_KEY,
+    HAN_CHARS,
     grounded_grammar,
     in_bounds,
     is_grounded,
@@ -605,7 +606,7 @@ def value_extensions(value: str, text: str) -> list[str]:
     return [span] if span != value and value in span else []
 
 
-_CJK_RUN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+_CJK_RUN = re.compile(f"[{HAN_CHARS}]+")
 MAX_CJK_WORD = 4
 
 

@@ -68,7 +68,9 @@ string to the values of that kind the source prints, ``"span"`` keeps any span e
 field named like one of them."""
 
 _UNGROUNDABLE = ("enum", "const", "pattern", "format")
-_CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+HAN_CHARS = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+"""Chinese characters (CJK ideographs), as a regex character-class body."""
+_CJK_CHARS = "\u3040-\u30ff" + HAN_CHARS  # and Japanese kana
 _CHUNK = re.compile(rf"[{_CJK_CHARS}]|[^\W{_CJK_CHARS}]+|\s+|[^\w\s]", re.UNICODE)
 """Words, single spaces and punctuation, and each CJK character on its own: Chinese and Japanese
 write no spaces between words, so a span may start and end at any character (王小明 in

@@ -382,13 +382,13 @@ class Agent:
         model = self.model
         ids = self.prompt_ids(messages)
         tool_choice, p_call, routed, off_topic = self._choose(messages, ids, tool_choice)
+        request = last_user_text(messages) or ""
         results = trailing_tool_messages(messages)
         answers_text = tool_choice != "required" and tool_choice not in self.tools and self._output_schema is None
         if answers_text and results and all(is_error(m.get("content")) for m in results) and tool_choice == "none":
             # the latest calls failed and the model does not try again: say so, invent nothing
             yield from self._composed_step(index, failure_answer(messages, source_text(messages)), p_call, routed)
             return
-        request = last_user_text(messages) or ""
         facts = result_facts(messages, request) if answers_text and self.answer == "stated" else []
         exclude = [*(routed.unstated if routed is not None else ()), *off_topic]
         grammar = self.turn_grammar(tool_choice, messages, exclude, answer_facts=facts)
@@ -401,9 +401,8 @@ class Agent:
             end_bias = -self._more_calls_bias if tool_choice not in ("auto", "none") else 0.0
             decoded = yield from self._decode(ids, grammar, usage, index, end_bias)
         text, finish = decoded.text, decoded.finish
-        user_text = last_user_text(messages) if self.grounded and self.tools else None
-        if user_text and CALL_OPEN in text and model.capabilities.probabilities:
-            text = ground_arguments(model, self.tools, ids, decoded.tokens, text, user_text)
+        if request and self.grounded and self.tools and CALL_OPEN in text and model.capabilities.probabilities:
+            text = ground_arguments(model, self.tools, ids, decoded.tokens, text, request)
         if CALL_OPEN in text:
             # two calls written differently may read the same once their arguments are chosen
             deduplicated = without_repeated_calls(text, self._call_key)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import GenerationError
+from ..grammars.grounding import HAN_CHARS
 
 AnswerMode = Literal["stated", "free", "result"]
 ANSWER_MODES: tuple[str, ...] = ("stated", "free", "result")
@@ -31,7 +32,7 @@ LEAD_CHARS = 60  # the answer states the first fact within this many characters
 TAIL_CHARS = 60  # what the answer may add after the last fact, up to the end of that sentence
 _REGEX_META = set("\\.+*?()|[]{}^$/")
 _PLAIN = "[^\\n`{}<>\\[\\]]"  # prose: no code, markup or JSON around the facts
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_CJK = re.compile(f"[{HAN_CHARS}]")
 
 
 def trailing_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
