@@ -661,6 +661,31 @@ def test_pydantic_ai_example_from_the_readme(server: Server) -> None:
     agent = Agent(model, output_type=NativeOutput(Invoice))
     result = agent.run_sync(INVOICE_TEXT)
     assert isinstance(result.output, Invoice)
+    assert result.output.invoice_number == "INV-2041"
+    assert result.output.total == 31.5
+
+
+def test_pydantic_ai_default_output_is_a_forced_tool_call(server: Server) -> None:
+    """pydantic-ai's default ``output_type`` sends the schema as an output tool it requires; the
+    server answers it as an extraction, so the values are grounded in the prompt."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("local", provider=OpenAIProvider(base_url=server.v1, api_key="unused"))
+    result = Agent(model, output_type=Invoice).run_sync(INVOICE_TEXT)
+    assert result.output == Invoice(invoice_number="INV-2041", total=31.5)
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
+def test_langchain_structured_output(server: Server, method: str) -> None:
+    """langchain-openai's ``with_structured_output``: a forced tool call or a json_schema response_format."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="local", base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+    structured = llm.with_structured_output(Invoice, method=method)
+    value = structured.invoke(INVOICE_TEXT)
+    assert value == Invoice(invoice_number="INV-2041", total=31.5)
 
 
 # --- the command line ----------------------------------------------------------------------------
