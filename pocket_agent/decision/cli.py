@@ -16,12 +16,14 @@ import json
 import sys
 from typing import Any
 
-from ..errors import InvalidInputError, PocketAgentError
+from .._cli_common import EXIT_OK, CliParser, add_model_options, check_input, open_model, read_input, run_command
+from ..errors import InvalidInputError
 from ._features import PARTS, FeatureSpec
 
 _USAGE = (
-    'pocket-agent decide "question" -o OPTION -o OPTION [--context TEXT] [--model M] [--method M] [--adapter PATH]\n'
-    "       pocket-agent decide train DATA.jsonl -o OUT [--model M] [--layer L] [--features ...]"
+    'pocket-agent decide "question" -o OPTION -o OPTION [--context TEXT] [--model M] [--threads N] [--method M]\n'
+    "                           [--adapter PATH]\n"
+    "       pocket-agent decide train DATA.jsonl -o OUT [--model M] [--threads N] [--layer L] [--features ...]"
 )
 
 
@@ -49,10 +51,9 @@ def add_decide_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--context", default=None, help="text the question is about")
     p.add_argument("--context-file", default=None, help="read the context from this file")
-    p.add_argument("--model", default=None, help="a .gguf file or MNN build (default: the embedded model)")
+    add_model_options(p)
     p.add_argument("--method", default="auto", choices=["auto", "cloze", "letter", "pointer"])
     p.add_argument("--adapter", default=None, help="a Dec adapter (folder, .zip or head.safetensors) to load")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
     p.add_argument("--json", action="store_true", help="print the decision as JSON")
     t = p.add_argument_group("training (decide train)")
     t.add_argument(
@@ -73,36 +74,21 @@ def add_decide_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace) -> Any:
-    from ..runtime import get_default_model, load_model
-
-    if args.model is None and args.threads is None:
-        return get_default_model()
-    return load_model(args.model, threads=args.threads)
-
-
 def run_decide_command(args: argparse.Namespace) -> int:
     """Run ``decide`` or ``decide train`` from parsed arguments; return the exit status."""
-    try:
-        if args.question == "train" and args.data is not None:
-            return _train(args)
-        if args.data is not None:
-            raise InvalidInputError(f"Unexpected argument {args.data!r}; give options with -o.")
-        return _decide(args)
-    except PocketAgentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.question == "train" and args.data is not None:
+        return _train(args)
+    if args.data is not None:
+        raise InvalidInputError(f"unexpected argument {args.data!r}; give each option with -o.")
+    return _decide(args)
 
 
 def _decide(args: argparse.Namespace) -> int:
     from .adapter import load_decision_adapter
     from .core import decide
 
-    context = args.context
-    if args.context_file:
-        with open(args.context_file, encoding="utf-8") as f:
-            context = f.read()
-    model = _load(args)
+    context = read_input(args.context_file, "--context-file") if args.context_file else args.context
+    model = open_model(args)
     if args.adapter:
         load_decision_adapter(model, args.adapter)
     d = decide(args.question, args.o, context=context, model=model, method=args.method)
@@ -114,7 +100,7 @@ def _decide(args: argparse.Namespace) -> int:
             mark = "*" if opt == d.choice else " "
             print(f" {mark} {p:6.3f}  {opt}", file=sys.stderr)
         print(f"   method: {d.method}", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -123,13 +109,14 @@ def _train(args: argparse.Namespace) -> int:
     if len(args.o) != 1:
         raise InvalidInputError("decide train needs exactly one output path: -o OUT (a folder, or a .zip file).")
     out = args.o[0]
+    check_input(args.data, "training data")
     examples = load_examples(args.data)
     layer: int | str = args.layer
     if isinstance(layer, str) and layer.isdigit():
         layer = int(layer)
     elif layer not in ("auto", "final_norm"):
         raise InvalidInputError(f"--layer must be an integer, 'final_norm' or 'auto', got {layer!r}.")
-    model = _load(args)
+    model = open_model(args)
     features: FeatureSpec | str = "auto"
     if args.features and args.features != "auto":
         parts = tuple(p.strip() for p in args.features.split(",") if p.strip())
@@ -155,18 +142,17 @@ def _train(args: argparse.Namespace) -> int:
     print(file=sys.stderr)
     path = result.adapter.save(out)
     print(result.summary())
-    print(f"saved {path}")
-    return 0
+    print(f"saved {path}; use it with: pocket-agent decide QUESTION -o ... --adapter {path}")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point (``python -m pocket_agent.decision.cli ...``)."""
-    parser = argparse.ArgumentParser(prog="pocket-agent")
+    parser = CliParser(prog="pocket-agent")
     sub = parser.add_subparsers(dest="command", required=True)
     add_decide_parser(sub)
     args = parser.parse_args(argv)
-    status: int = args.func(args)
-    return status
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,8 @@
 
 The lines are read here, extracted by an actor pool (local Ray, or the cluster at
 ``$RAY_ADDRESS``), and written back in input order in the same format as the
-single-process ``--many`` path, with a progress bar on stderr.
+single-process ``--many`` path, with a progress bar on stderr and the same summary line
+at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._cli_common import EXIT_FAILED, EXIT_OK, open_output, row_error, summary_line
 from ..errors import InvalidInputError
 from .datasets import extract_dataset, import_ray
 
@@ -85,7 +87,7 @@ class ProgressBar:
 
 
 def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
-    """Run ``extract --many --ray``; exit status 1 when any document failed."""
+    """Run ``extract --many --ray``; exit status 1 when any document failed (the summary line says so)."""
     if not args.many:
         raise InvalidInputError("--ray runs --many INPUT.jsonl on a Ray cluster; give --many.")
     rows, failed = read_rows(Path(args.many))
@@ -104,7 +106,7 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
         options: dict[str, Any] = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
         if args.adapter != "auto":
             options["adapter"] = None if args.adapter.lower() == "none" else str(Path(args.adapter).resolve())
-        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+        out = open_output(args.out)
         bar = ProgressBar(len(rows) + len(failed), sys.stderr, actors)
         try:
             results: Iterable[dict[str, Any]] = ()
@@ -122,7 +124,8 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
                 if row["ok"]:
                     row["value"] = json.loads(res["value"])
                 else:
-                    row["error"], row["error_type"] = res["error"], res["error_type"]
+                    row["error"] = row_error(res["error_type"], res["error"])
+                    row["error_type"] = res["error_type"]
                 _write(out, row, bar)
                 next_index = res[_INDEX] + 1
             for index in sorted(failed):
@@ -134,7 +137,8 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
     finally:
         if started:
             ray.shutdown()
-    return 1 if bar.failed else 0
+    print(summary_line("extract", bar.done, bar.failed, args.out), file=sys.stderr)
+    return EXIT_FAILED if bar.failed else EXIT_OK
 
 
 def _write(out: TextIO, row: dict[str, Any], bar: ProgressBar) -> None:

@@ -9,48 +9,22 @@ with their arguments, then each result (or error).
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
-import os
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInputError
+from .._cli_common import EXIT_OK, add_model_options, load_reference, open_model, positive_int
+from ..options import DEFAULT_MAX_STEPS, DEFAULT_MAX_TOKENS
 from .agent import AgentEvent
 from .format import ToolCall
 from .tool import Tool, as_tool
 
 
 def load_tools(spec: str) -> list[Tool]:
-    """Tools named by ``module:attr`` or ``path/to/file.py:attr``."""
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise InvalidInputError(f"--tools must be module:attr or file.py:attr, got {spec!r}.")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise InvalidInputError(f"Tool file not found: {path}")
-        mod_name = f"_pocket_agent_tools_{path.stem}"
-        mspec = importlib.util.spec_from_file_location(mod_name, path)
-        if mspec is None or mspec.loader is None:
-            raise InvalidInputError(f"Cannot load {path} as a Python module.")
-        module = importlib.util.module_from_spec(mspec)
-        sys.modules[mod_name] = module
-        mspec.loader.exec_module(module)
-    else:
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise InvalidInputError(f"Cannot import {target!r} for --tools: {exc}") from exc
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise InvalidInputError(f"{target!r} has no attribute {attr!r}.") from None
+    """Tools named by ``module:attr`` or ``path/to/file.py:attr`` (a Tool, a typed function,
+    or a list of them)."""
+    obj = load_reference(spec, "--tools")
     items: Iterable[Any] = obj if isinstance(obj, (list, tuple)) else [obj]
     return [as_tool(o) for o in items]
 
@@ -82,7 +56,6 @@ def _print_event(ev: AgentEvent) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the agent on ``args.task`` and print every step and the final answer."""
     from ..options import Limits
-    from ..runtime import load_model
     from .agent import Agent
 
     tools: list[Tool] = []
@@ -90,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tools.extend(load_tools(spec))
     task = args.task if args.task != "-" else sys.stdin.read()
     limits = Limits(max_steps=args.max_steps, max_tokens=args.max_tokens, tool_timeout=args.tool_timeout)
-    model = load_model(args.model, threads=args.threads)
+    model = open_model(args)
     agent = Agent(
         tools,
         model=model,
@@ -112,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     model.close()
-    return 0
+    return EXIT_OK
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -127,10 +100,19 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="MODULE:ATTR",
         help="tools to offer: module:attr or file.py:attr (a Tool, a function, or a list); repeatable",
     )
-    p.add_argument("--model", "-m", default=None, help="model path (default: $POCKET_AGENT_MODEL or embedded)")
-    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--max-steps", type=int, default=8, help="most model turns (default 8)")
-    p.add_argument("--max-tokens", type=int, default=512, help="token budget of one turn (default 512)")
+    add_model_options(p)
+    p.add_argument(
+        "--max-steps",
+        type=positive_int,
+        default=DEFAULT_MAX_STEPS,
+        help=f"most model turns (default {DEFAULT_MAX_STEPS})",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"token budget of one turn (default {DEFAULT_MAX_TOKENS})",
+    )
     p.add_argument("--instructions", default=None, help="system instructions")
     p.add_argument("--tool-choice", default="auto", help="auto, required, none, or a tool name (first turn)")
     p.add_argument("--call-threshold", type=float, default=None, help="call when P(call) >= this (auto only)")
