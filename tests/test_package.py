@@ -59,7 +59,7 @@ def test_cli_reports_typed_errors_without_traceback(tmp_path: object) -> None:
         timeout=300,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: Model not found")
+    assert proc.stderr.startswith("pocket-agent: error: Model not found")
     assert "Traceback" not in proc.stderr
 
 
