@@ -1,4 +1,6 @@
-"""Shared fixtures: real models only (the embedded default and the built fixtures)."""
+"""Shared fixtures: real models only (the embedded default and the built fixtures), and the
+fast tier: every test that loads, converts or serves a real model is marked ``slow``, so
+``pytest -m "not slow"`` runs the rest in about a minute while ``pytest`` still runs all."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +23,71 @@ TINY_MNN = FIXTURES / "tiny-qwen3" / "mnn" / "config.json"
 # One thread: on a shared 2-core machine llama.cpp's spinning thread barrier makes 2
 # threads up to 100x slower when the other core is busy.
 THREADS = int(os.environ.get("POCKET_AGENT_TEST_THREADS", "1"))
+
+
+# Fixtures that load a real model, quantise or convert one, or start what does (a server or an
+# MNN worker in a subprocess, a Ray cluster). A test using any of them, directly or through
+# another fixture, is marked slow by ``pytest_collection_modifyitems`` below; a test that loads
+# a model in its own body carries ``@pytest.mark.slow`` itself.
+MODEL_FIXTURES = frozenset(
+    {
+        # tests/conftest.py
+        "smollm",
+        "tiny_gguf",
+        # tests/test_batched.py, test_decision.py, test_distributed.py
+        "smollm_copy",
+        "model",
+        "local_ray",
+        # tests/test_layout.py, test_merged.py, test_split_weights.py (tiny_q4_1 quantises)
+        "tiny_q4_1",
+        "split",
+        # tests/test_runtime_mnn.py (MNN workers in subprocesses)
+        "smollm2_mnn",
+        "tiny_mnn",
+        # tests/test_runtime_transformers.py
+        "tiny_tf",
+        "smol_tf",
+        "smollm_q4_1",
+        # tests/test_server.py (the server subprocess loads the default model)
+        "server",
+        "keyed_server",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark slow every test whose fixtures (their whole closure) load a real model."""
+    for item in items:
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _real_models_only_in_slow_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps the fast tier fast: a test not marked slow that loads a real model in this process
+    (or quantises one) fails and names itself. Loads that fail (the typed-error tests) pass through."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    from pocket_agent.runtime import hf, llamacpp, mnn
+
+    def refuse(owner: object, name: str) -> None:
+        original = getattr(owner, name)
+
+        def guarded(*args: Any, **kwargs: Any) -> None:
+            original(*args, **kwargs)
+            if name == "__init__":
+                args[0].close()
+            pytest.fail(
+                f"{request.node.nodeid} loads a real model ({getattr(owner, '__name__', owner)}.{name}) but is not "
+                "marked slow: use a model fixture (tests/conftest.py MODEL_FIXTURES) or @pytest.mark.slow",
+                pytrace=False,
+            )
+
+        monkeypatch.setattr(owner, name, guarded)
+
+    for cls in (llamacpp.LlamaCppModel, mnn.MnnModel, hf.TransformersModel):
+        refuse(cls, "__init__")
+    refuse(llamacpp, "quantize_gguf")
 
 
 def full_data() -> bool:

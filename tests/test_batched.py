@@ -141,6 +141,7 @@ def test_batched_equals_one_by_one_on_the_quick_start_invoices(fresh_smollm: Mod
     assert many == one
 
 
+@pytest.mark.slow
 def test_a_document_too_long_for_a_lane_is_extracted_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     import pocket_agent.runtime.llamacpp as llamacpp
 

@@ -214,6 +214,7 @@ def test_fixture_mnn_build_layout() -> None:
 
 
 @pytest.mark.mnn
+@pytest.mark.slow
 def test_fixture_mnn_agrees_with_reference() -> None:
     ref = json.loads((TINY / "reference.json").read_text(encoding="utf-8"))
     cases = [c["ids"] for c in ref["cases"]]
@@ -226,6 +227,7 @@ def test_fixture_mnn_agrees_with_reference() -> None:
 
 
 @pytest.mark.convert
+@pytest.mark.slow
 def test_convert_hf_fixture_reproduces_committed_build(tmp_path: Path) -> None:
     config = convert_to_mnn(TINY / "hf", tmp_path / "mnn")
     assert config == tmp_path / "mnn" / "config.json"
@@ -238,6 +240,7 @@ def test_convert_hf_fixture_reproduces_committed_build(tmp_path: Path) -> None:
 
 @pytest.mark.convert
 @pytest.mark.mnn
+@pytest.mark.slow
 def test_convert_gguf_fixture(tmp_path: Path) -> None:
     out = tmp_path / "from-gguf"
     out.mkdir()

@@ -355,6 +355,7 @@ def test_malformed_adapters(clean: Model, tmp_path: Path) -> None:
         load_decision_adapter(clean, out)
 
 
+@pytest.mark.slow
 def test_shipped_head_is_used_out_of_the_box() -> None:
     m = load_model(default_model_path(), threads=1)
     try:
@@ -408,6 +409,7 @@ def test_training_rejects_bad_examples(clean: Model, tmp_path: Path) -> None:
 # -- command line ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_decide_and_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gguf = str(default_model_path())
     rc = cli_main(

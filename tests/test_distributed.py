@@ -251,6 +251,7 @@ def test_importing_pocket_agent_does_not_import_ray() -> None:
     assert proc.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_cli_many_with_ray_writes_what_the_single_process_path_writes(tmp_path: Path) -> None:
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({**ReceiptKeys.model_json_schema(), "additionalProperties": False}))

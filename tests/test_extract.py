@@ -186,6 +186,7 @@ def test_sampling_is_seeded(smollm: Model) -> None:
         generate("x", model=smollm, sampling=Sampling(temperature=-1))
 
 
+@pytest.mark.slow
 def test_cli_extract_many_keeps_going_past_a_corrupt_line(tmp_path: Path) -> None:
     inp = tmp_path / "in.jsonl"
     inp.write_text(json.dumps({"text": RECEIPT}) + "\n{not json\n" + json.dumps(RECEIPT.replace("9.00", "3.10")) + "\n")
@@ -226,6 +227,7 @@ def test_loop_detection_finds_cycles() -> None:
     assert _looping_token([1, 1, 1], 8) is None
 
 
+@pytest.mark.slow
 def test_the_branch_probe_runs_before_the_first_prompt_not_after_it() -> None:
     # branches_reliable's first call clears the KV cache: run after a document's prompt it
     # would cost that prompt again (measured: 1.7 s on one SROIE receipt)

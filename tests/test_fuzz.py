@@ -261,6 +261,7 @@ def _report() -> Iterator[None]:
     print(f"\nfuzz: {total} inputs tried, 0 escapes: " + json.dumps(dict(TRIED), sort_keys=True))
 
 
+@pytest.mark.slow
 def test_fuzz_tried_enough_inputs() -> None:
     """Runs last in this module (pytest keeps file order): every entry point got its inputs."""
     for name in ("extract", "extract_many", "extract_stream", "generate", "agent", "decide", "decide_many"):

@@ -89,6 +89,7 @@ def test_amx_guard_setting_from_argument_and_environment(monkeypatch: pytest.Mon
     assert extra_buffers_setting(False) is False  # the argument beats the environment
 
 
+@pytest.mark.slow
 def test_models_load_and_run_with_extra_buffers_forced_off() -> None:
     m = load_model(TINY_GGUF, threads=1, extra_buffers=False)
     try:
@@ -105,6 +106,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_cli_info_states_the_buffer_decision() -> None:
     proc = _cli("info", str(TINY_GGUF), "--threads", "1")
     assert proc.returncode == 0, proc.stderr
@@ -349,6 +351,7 @@ def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
     return any(list(seq[i : i + n]) == list(part) for i in range(len(seq) - n + 1))
 
 
+@pytest.mark.slow
 def test_cli_generate_is_bounded_and_says_why_it_stopped() -> None:
     proc = _cli("generate", str(TINY_GGUF), "Hello", "--max-tokens", "5", "-t", "1")
     assert proc.returncode == 0, proc.stderr
@@ -451,6 +454,7 @@ def test_thread_governor_off_never_switches() -> None:
     assert calls == []
 
 
+@pytest.mark.slow
 def test_adaptive_threads_give_the_same_logits_as_one_thread(default_gguf: Path) -> None:
     """Every evaluation size runs twice on 2 threads, then on 1; the logits are identical."""
     two = load_model(default_gguf, threads=2)
@@ -475,6 +479,7 @@ def test_adaptive_threads_give_the_same_logits_as_one_thread(default_gguf: Path)
         one.close()
 
 
+@pytest.mark.slow
 def test_flash_attention_keeps_a_fixed_thread_count(default_gguf: Path) -> None:
     # llama.cpp's flash attention splits a one-token step's keys across threads, so switching
     # counts would make outputs depend on timing

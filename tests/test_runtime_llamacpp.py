@@ -259,6 +259,7 @@ def test_misuse_gets_typed_errors(fresh_smollm: Model, tmp_path: Path) -> None:
         load_model(tmp_path, threads=0)
 
 
+@pytest.mark.slow
 def test_context_overflow_and_use_after_close(default_gguf: Path) -> None:
     small = load_model(default_gguf, n_ctx=64, threads=1)
     try:

@@ -64,6 +64,7 @@ def test_smollm2_mnn_answers_paris(smollm2_mnn: dict[str, Any]) -> None:
 
 @pytest.mark.mnn
 @pytest.mark.parametrize("name", ["tiny", "smollm2"])
+@pytest.mark.slow
 def test_mnn_cache_semantics(name: str, request: pytest.FixtureRequest) -> None:
     res = request.getfixturevalue("tiny_mnn" if name == "tiny" else "smollm2_mnn")
     assert res["inc_argmax_gap"] <= MNN_ARGMAX_GAP[name]
@@ -76,6 +77,7 @@ def test_mnn_cache_semantics(name: str, request: pytest.FixtureRequest) -> None:
 
 @pytest.mark.mnn
 @pytest.mark.parametrize("name", ["tiny", "smollm2"])
+@pytest.mark.slow
 def test_mnn_tokenizer_and_template(name: str, request: pytest.FixtureRequest) -> None:
     res = request.getfixturevalue("tiny_mnn" if name == "tiny" else "smollm2_mnn")
     assert res["roundtrip"]
@@ -86,6 +88,7 @@ def test_mnn_tokenizer_and_template(name: str, request: pytest.FixtureRequest) -
 
 @pytest.mark.mnn
 @pytest.mark.parametrize("name", ["tiny", "smollm2"])
+@pytest.mark.slow
 def test_mnn_misuse_is_typed_not_a_crash(name: str, request: pytest.FixtureRequest) -> None:
     res = request.getfixturevalue("tiny_mnn" if name == "tiny" else "smollm2_mnn")
     assert res["err_empty"] == "TokenError"
@@ -103,6 +106,7 @@ def test_mnn_misuse_is_typed_not_a_crash(name: str, request: pytest.FixtureReque
 
 
 @pytest.mark.mnn
+@pytest.mark.slow
 def test_mnn_two_threads_hold_a_one_thread_engine_that_computes_the_same() -> None:
     """MNN fixes its thread count at load and 2 threads collapse beside a busy process, so a
     2-thread model also holds a 1-thread engine on the same weights (pocket_agent.runtime._mnn_engines)."""
@@ -121,6 +125,7 @@ def test_mnn_two_threads_hold_a_one_thread_engine_that_computes_the_same() -> No
 
 
 @pytest.mark.parametrize("name", ["smollm2_mnn", "tiny_mnn"])
+@pytest.mark.slow
 def test_mnn_prompts_take_control_tokens_only_from_the_template(name: str, request: pytest.FixtureRequest) -> None:
     res = request.getfixturevalue(name)
     evil, benign = res["injection_specials"]

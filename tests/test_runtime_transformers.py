@@ -169,6 +169,7 @@ def test_hf_folder_loads_by_detection(tiny_gguf: Model) -> None:
 
 
 @pytest.mark.parametrize("which", ["tiny", "smol"])
+@pytest.mark.slow
 def test_tokenize_matches_llamacpp(which: str, request: pytest.FixtureRequest) -> None:
     tf = request.getfixturevalue("tiny_tf" if which == "tiny" else "smol_tf")
     lc = request.getfixturevalue("tiny_gguf" if which == "tiny" else "smollm_q4_1")

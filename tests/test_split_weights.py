@@ -40,6 +40,7 @@ def state_of(model: LlamaCppModel) -> bytes:
     return bytes(buf[: int(lc.llama_state_seq_get_data(ctx, buf, size, 0))])
 
 
+@pytest.mark.slow
 def test_values_are_re_laid_out_as_llama_cpp_lays_them_out() -> None:
     with_fa = LlamaCppModel(TINY_GGUF, threads=THREADS, flash_attn=True)
     plain = LlamaCppModel(TINY_GGUF, threads=THREADS, flash_attn=False)
@@ -192,6 +193,7 @@ def test_the_merged_extraction_model_runs_split(smollm: object) -> None:
         model.close()
 
 
+@pytest.mark.slow
 def test_one_set_of_weights_in_two_contexts_takes_loras(default_gguf: Path, tmp_path: Path) -> None:
     from test_lora import write_lora
 

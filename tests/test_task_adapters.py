@@ -119,6 +119,7 @@ def test_models_without_gguf_loras_get_no_shipped_adapter() -> None:
     assert extract(DOC, Appointment, model=scripted).patient == "Mei Patel"
 
 
+@pytest.mark.slow
 def test_cli_takes_the_adapter_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pocket_agent.cli import main
 

@@ -224,6 +224,7 @@ def _store_schema() -> dict[str, object]:
     return {"type": "object", "properties": {"store": {"type": "string"}}, "required": ["store"]}
 
 
+@pytest.mark.slow
 def test_tune_command_trains_both_kinds_of_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import TINY_GGUF
 
@@ -416,6 +417,7 @@ def test_a_tools_adapter_learns_the_turns(tiny_gguf: Model, tmp_path: Path) -> N
     tiny_gguf.remove_lora(tiny_gguf.load_lora(res.save(tmp_path / "tools.gguf")))  # llama.cpp takes it
 
 
+@pytest.mark.slow
 def test_tune_command_trains_a_tools_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import TINY_GGUF
 
