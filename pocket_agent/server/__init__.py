@@ -5,6 +5,7 @@
 from openai import OpenAI
 client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 inv = client.chat.completions.parse(model="local", messages=[...], response_format=Invoice)
+inv = client.responses.parse(model="local", input="...", text_format=Invoice)  # the Responses API
 ```
 
 Importing :mod:`pocket_agent` does not import this package, and importing this package

@@ -1,5 +1,6 @@
-"""The HTTP face: a FastAPI app speaking OpenAI's chat completions API (and two calls of
-our own, ``/v1/extract`` and ``/v1/decide``) over one loaded model.
+"""The HTTP face: a FastAPI app speaking OpenAI's chat completions API, its Responses API
+(``/v1/responses``, translated to a chat turn in :mod:`.responses`) and two calls of our own
+(``/v1/extract`` and ``/v1/decide``) over one loaded model.
 
 - One model per process. Its work runs on one thread (the event loop stays free), one
   request at a time; at most ``max_queue`` more wait, further requests get 429 with
@@ -9,7 +10,8 @@ our own, ``/v1/extract`` and ``/v1/decide``) over one loaded model.
 - A client that disconnects stops its generation at the next token (streaming or not);
   a request whose client left while it waited never starts.
 - Every error is OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``) and
-  bad input is always a 4xx.
+  bad input is always a 4xx, answered as a handled error: the log gets its access line, no
+  traceback (tracebacks are for 500s, which are bugs).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -143,8 +145,18 @@ class Job:
             pass
 
     async def next(self, request: Request | None) -> Event:
-        """The next event; raises the work's error, or 504 at the deadline. With
+        """The next event. Whatever stops the work is raised as the :class:`APIError` the
+        client gets (the work's error, 504 at the deadline, 499 when the client left), so
+        that FastAPI answers it as a handled error, never as an unhandled exception. With
         ``request``, a client that disconnected cancels the work."""
+        try:
+            return await self._next(request)
+        except APIError:
+            raise
+        except Exception as exc:
+            raise api_error(exc) from exc
+
+    async def _next(self, request: Request | None) -> Event:
         while True:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
@@ -308,6 +320,60 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+@dataclass
+class Routes:
+    """What the routes share: the model, the configuration, the model thread, and the steps
+    every request goes through (key, body, queue, result)."""
+
+    model: Model
+    config: ServerConfig
+    runner: Runner
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def authorize(self, request: Request) -> None:
+        """401 unless the request carries the server's API key (when it has one)."""
+        key = self.config.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(
+                401,
+                "Missing or incorrect API key: send 'Authorization: Bearer <key>' with the server's --api-key.",
+                code="invalid_api_key",
+            )
+
+    async def read(self, request: Request) -> bytes:
+        """The request body (413 past ``max_body_bytes``)."""
+        return await read_body(request, self.config.max_body_bytes)
+
+    async def start(self, request: Request, work: Work) -> Job:
+        """Queue ``work`` and wait until it has started (errors about the request come here)."""
+        job = self.runner.submit(work, self.config.timeout_s)
+        try:
+            first = await job.next(request)
+        except BaseException:
+            job.cancel("error")
+            raise
+        assert first.kind == "started"
+        return job
+
+    async def result(self, job: Job, request: Request) -> Any:
+        """The value of the work's ``done`` event."""
+        try:
+            while True:
+                ev = await job.next(request)
+                if ev.kind == "done":
+                    return ev.value
+        finally:
+            job.cancel("finished")
+
+    def model_card(self) -> dict[str, Any]:
+        """The served model as ``/v1/models`` lists it."""
+        return {"id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "pocket-agent"}
+
+
 def create_app(model: Model, config: ServerConfig) -> FastAPI:
     """The FastAPI app serving ``model``."""
     runner = Runner(config.max_queue)
@@ -321,8 +387,17 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="pocket-agent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.runner = runner
-    created = int(time.time())
+    routes = Routes(model, config, runner)
+    _add_error_handlers(app)
+    _add_model_routes(app, routes)
+    _add_work_routes(app, routes)
+    from .responses import add_responses_route  # it builds on this module
 
+    add_responses_route(app, routes)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
@@ -333,24 +408,21 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
         err = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", code=code)
         return error_response(err)
 
-    @app.exception_handler(Exception)
-    async def _any_error(request: Request, exc: Exception) -> JSONResponse:
+    @app.exception_handler(PocketAgentError)
+    async def _library_error(request: Request, exc: PocketAgentError) -> JSONResponse:
         return error_response(exc)
 
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
-            raise APIError(
-                401,
-                "Missing or incorrect API key: send 'Authorization: Bearer <key>' with the server's --api-key.",
-                code="invalid_api_key",
-            )
+    # Starlette runs a handler of ``Exception`` in its outermost middleware, which answers and
+    # then re-raises for the server to log with its traceback: only bugs may get there, so the
+    # handled errors above (every 4xx) are registered by their own types.
+    @app.exception_handler(Exception)
+    async def _any_error(request: Request, exc: Exception) -> JSONResponse:
+        err = APIError(500, f"Internal error ({type(exc).__name__}).", type="server_error")
+        return JSONResponse(err.body(), status_code=err.status)
 
-    def model_card() -> dict[str, Any]:
-        return {"id": config.model_name, "object": "model", "created": created, "owned_by": "pocket-agent"}
+
+def _add_model_routes(app: FastAPI, routes: Routes) -> None:
+    config, runner = routes.config, routes.runner
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -363,46 +435,31 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
-        authorize(request)
-        return {"object": "list", "data": [model_card()]}
+        routes.authorize(request)
+        return {"object": "list", "data": [routes.model_card()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-        authorize(request)
+        routes.authorize(request)
         if model_id != config.model_name:
             raise APIError(
                 404, f"No model {model_id!r}; this server has {config.model_name!r}.", code="model_not_found"
             )
-        return model_card()
+        return routes.model_card()
 
-    async def start(request: Request, work: Work) -> Job:
-        job = runner.submit(work, config.timeout_s)
-        try:
-            first = await job.next(request)
-        except BaseException:
-            job.cancel("error")
-            raise
-        assert first.kind == "started"
-        return job
 
-    async def result(job: Job, request: Request) -> Any:
-        try:
-            while True:
-                ev = await job.next(request)
-                if ev.kind == "done":
-                    return ev.value
-        finally:
-            job.cancel("finished")
+def _add_work_routes(app: FastAPI, routes: Routes) -> None:
+    model, config = routes.model, routes.config
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        authorize(request)
-        req = parse_request(ChatCompletionRequest, await read_body(request, config.max_body_bytes))
+        routes.authorize(request)
+        req = parse_request(ChatCompletionRequest, await routes.read(request))
         turn = ChatTurn(model, chat_job(req), call_threshold=config.call_threshold)
         cid = new_id("chatcmpl-")
-        job = await start(request, turn.events)
+        job = await routes.start(request, turn.events)
         if not req.stream:
-            reply: Reply = await result(job, request)
+            reply: Reply = await routes.result(job, request)
             return JSONResponse(completion_body(reply, id=cid, model=config.model_name))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(
@@ -413,29 +470,27 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/extract")
     async def extract_route(request: Request) -> dict[str, Any]:
-        authorize(request)
-        req = parse_request(ExtractRequest, await read_body(request, config.max_body_bytes))
+        routes.authorize(request)
+        req = parse_request(ExtractRequest, await routes.read(request))
 
         def work(check: Check) -> Iterator[Event]:
             return extract_events(model, req.text, req.schema_, req.instructions, req.max_tokens, check)
 
-        job = await start(request, work)
-        value = await result(job, request)
+        job = await routes.start(request, work)
+        value = await routes.result(job, request)
         return {"object": "extraction", "model": config.model_name, "value": value}
 
     @app.post("/v1/decide")
     async def decide_route(request: Request) -> dict[str, Any]:
-        authorize(request)
-        req = parse_request(DecideRequest, await read_body(request, config.max_body_bytes))
+        routes.authorize(request)
+        req = parse_request(DecideRequest, await routes.read(request))
 
         def work(check: Check) -> Iterator[Event]:
             return decide_events(model, req.question, req.options, req.context, req.method, check)
 
-        job = await start(request, work)
-        value = await result(job, request)
+        job = await routes.start(request, work)
+        value = await routes.result(job, request)
         return {"object": "decision", "model": config.model_name, **value}
-
-    return app
 
 
 async def _chunks(job: Job, cid: str, model_name: str, include_usage: bool) -> AsyncIterator[str]:

@@ -12,20 +12,21 @@ that went away or a request past its deadline stops the generation at the next t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from ..decision import decide
 from ..errors import ContextOverflowError, OutputBudgetExceeded, SchemaError, UnsupportedSchemaError
 from ..extraction import extract_stream
-from ..grammars import compile_grammar
+from ..grammars import CompiledGrammar, compile_grammar
 from ..options import Sampling
 from ..runtime import Model
 from ..tools import Agent, Step, Tool
 from ..tools.format import CALL_OPEN
 from .protocol import APIError, CallOut, ChatJob, Reply, new_id
 from .structured import StructuredRoute, structured_reply, structured_route
+from .unique_keys import unique_keys
 
 Check = Callable[[], None]
 """Called between two events; raises to stop the work (client gone, deadline passed)."""
@@ -61,6 +62,23 @@ def compile_schema(schema: Any, model: Model, where: str) -> None:
         raise APIError(400, f"{where} is not a valid JSON Schema: {exc}", param=where, code="invalid_schema") from None
 
 
+class UniqueKeysAgent(Agent[Any]):
+    """An :class:`Agent` whose turns never repeat a key in a JSON object (a structured answer
+    under ``json_object``, an open schema, or a call's arguments): see :mod:`.unique_keys`."""
+
+    def turn_grammar(
+        self,
+        choice: str,
+        messages: Sequence[Mapping[str, Any]],
+        exclude: Sequence[str] = (),
+        *,
+        answer_facts: Sequence[str] = (),
+    ) -> CompiledGrammar:
+        """The turn's grammar (see :meth:`Agent.turn_grammar`), its objects' keys unique."""
+        grammar = super().turn_grammar(choice, messages, exclude, answer_facts=answer_facts)
+        return unique_keys(grammar, self.model)
+
+
 def _counts(step: Step) -> tuple[int, int]:
     """Prompt and completion tokens of an agent step."""
     return step.usage.prompt_tokens, step.usage.completion_tokens
@@ -80,9 +98,11 @@ class ChatTurn:
         self.job = job
         self.call_threshold = call_threshold
 
-    def _agent(self, tools: list[Tool], schema: Any, max_tokens: int) -> Agent:
+    def _agent(self, tools: list[Tool], schema: Any, max_tokens: int) -> Agent[Any]:
         job = self.job
-        return Agent(
+        # A JSON answer (json_object, or a schema answered turn by turn) never repeats a key.
+        agent_type = UniqueKeysAgent if schema is not None else Agent
+        return agent_type(
             tools=tools,
             model=self.model,
             output=schema,
@@ -95,7 +115,7 @@ class ChatTurn:
             call_threshold=self.call_threshold if job.tool_choice == "auto" else None,
         )
 
-    def _prepare(self) -> tuple[Agent, int]:
+    def _prepare(self) -> tuple[Agent[Any], int]:
         """Check schemas and the prompt's length; the agent for the turn and the prompt size."""
         job, model = self.job, self.model
         schema = job.response_schema
