@@ -135,6 +135,10 @@ def test_an_answer_after_results_must_state_them() -> None:
     assert not grammar.accepts_text("The answer is 312.5.\n\nMore text on another paragraph.")
     late = "a" * 200 + " 312.5"
     assert not grammar.accepts_text(late)  # stated early, not after a long detour
+    for glued in ("It312.5 is it.", "2312.5", "The answer is 312.55.", "x312.5y"):
+        assert not grammar.accepts_text(glued), glued  # another word or number, not the result
+    assert grammar.accepts_text("312.5")
+    assert grammar.accepts_text("结果是312.5。")
 
 
 def test_stated_answers_hold_in_the_loop_and_free_answers_do_not() -> None:
@@ -160,6 +164,32 @@ def test_a_failing_tool_gets_one_retry_then_a_plain_answer_saying_so() -> None:
     assert result.steps[1].results[0].status == "error"  # the retry ran, and failed
     assert result.final.startswith("Sorry, I could not complete that: get_weather failed (ValueError:")
     assert result.steps[-1].finish_reason == "tool_error" and "Sunny" not in result.final
+
+
+def test_a_failing_tool_with_an_output_type_raises_instead_of_answering() -> None:
+    from pydantic import BaseModel
+
+    from pocket_agent import ToolsFailedError
+
+    class Weather(BaseModel):
+        temp_c: float
+
+    replies = [call("get_weather", city="Atlantis"), call("get_weather", city="Atlantis City"), '{"temp_c": 20}']
+    agent = Agent([get_weather], model=ScriptedModel(replies), output=Weather)
+    with pytest.raises(ToolsFailedError, match="get_weather failed") as info:
+        agent.run("What's the weather in Atlantis?")
+    assert len(info.value.steps) == 2 and info.value.steps[1].results[0].status == "error"
+
+
+def test_one_printed_word_fills_one_argument() -> None:
+    from pocket_agent.tools.arguments import without_other_values
+
+    assert without_other_values("12 EUR", [12.0, "CNY"]) == "EUR"
+    assert without_other_values("EUR 12", [12]) == "EUR"
+    assert without_other_values("Paris France", ["France"]) == "Paris"
+    assert without_other_values("1,200 USD", [1200]) == "USD"
+    assert without_other_values("12", [12]) == "12"  # never empty
+    assert without_other_values("Room 12", [13, True]) == "Room 12"  # 12 is no other argument's value
 
 
 def test_the_failure_answer_speaks_the_requests_language() -> None:

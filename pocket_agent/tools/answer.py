@@ -32,6 +32,7 @@ LEAD_CHARS = 60  # the answer states the first fact within this many characters
 TAIL_CHARS = 60  # what the answer may add after the last fact, up to the end of that sentence
 _REGEX_META = set("\\.+*?()|[]{}^$/")
 _PLAIN = "[^\\n`{}<>\\[\\]]"  # prose: no code, markup or JSON around the facts
+_EDGE = "[^\\n`{}<>\\[\\]A-Za-z0-9_]"  # the character next to a fact: not part of a word or number
 _CJK = re.compile(f"[{HAN_CHARS}]")
 
 
@@ -112,9 +113,11 @@ def stated_pattern(facts: Sequence[str]) -> str:
     of the last one (within :data:`TAIL_CHARS` characters). One
     regex with the orders as alternatives: intersecting one regex per fact made llguidance's
     lexer construct too many expressions."""
-    gap = f"{_PLAIN}{{0,{LEAD_CHARS}}}"
+    # a fact stands apart from the words around it: "It92.59" or "21805.56" does not state 1805.56
+    gap = f"({_PLAIN}{{0,{LEAD_CHARS - 1}}}{_EDGE})?"
     orders = "|".join(gap.join(_regex_literal(f) for f in order) for order in itertools.permutations(facts))
-    tail = f"{_PLAIN[:-1]}.!?。！？]{{0,{TAIL_CHARS}}}[.!?。！？]?"
+    prose = f"{_PLAIN[:-1]}.!?。！？]"
+    tail = f"({_EDGE[:-1]}.!?。！？]{prose}{{0,{TAIL_CHARS - 1}}})?[.!?。！？]?"
     return f"/{gap}({orders}){tail}/"
 
 

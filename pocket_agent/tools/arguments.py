@@ -43,11 +43,16 @@ def choose_argument_spans(
     edits: list[tuple[int, int, str, list[str]]] = []  # value span in text, value, longer options
     for tool, base, end in call_arguments(text, tools):
         props = tool.parameters.get("properties") or {}
-        for key, value, a, b in json_members(text[base:end]):
+        members = list(json_members(text[base:end]))
+        for key, value, a, b in members:
             node = props.get(key)
             if not isinstance(value, str) or not isinstance(node, Mapping) or not is_grounded(node):
                 continue
             limit = node.get("maxLength")
+            apart = without_other_values(value, [v for k, v, _, _ in members if k != key])
+            if apart != value:  # one printed word fills one argument: "12 EUR" is amount 12 and "EUR"
+                edits.append((base + a, base + b, value, [apart, value]))
+                continue
             fits = [o for o in value_extensions(value, request) if not isinstance(limit, int) or len(o) <= limit]
             # a value cut inside an expression or brackets is never a whole value: no choice to score
             others = comma_names(value, request) + cjk_words(value, request)
@@ -62,6 +67,29 @@ def choose_argument_spans(
         if chosen != value:
             text = text[:start] + json.dumps(chosen, ensure_ascii=False) + text[end:]
     return text
+
+
+def without_other_values(value: str, others: list[object]) -> str:
+    """``value`` without a leading or trailing word that is another argument's value of the same
+    call (a number equal to a number argument, or a string argument's whole text): the request's
+    words fill one argument each. Unchanged when nothing would be left."""
+    words = value.split(" ")
+    numbers = {float(o) for o in others if isinstance(o, int | float) and not isinstance(o, bool)}
+    texts = {o for o in others if isinstance(o, str) and o}
+
+    def taken(word: str) -> bool:
+        if word in texts:
+            return True
+        try:
+            return float(word.replace(",", "")) in numbers
+        except ValueError:
+            return False
+
+    while len(words) > 1 and taken(words[0]):
+        words = words[1:]
+    while len(words) > 1 and taken(words[-1]):
+        words = words[:-1]
+    return " ".join(words)
 
 
 def choose_argument_numbers(
