@@ -21,6 +21,7 @@ from .errors import (
     SchemaError,
     ToolArgumentError,
     ToolError,
+    ToolsFailedError,
     UnsupportedSchemaError,
 )
 from .extraction import ExtractOutcome, extract, extract_many, extract_stream
@@ -64,6 +65,7 @@ __all__ = [
     "ToolCall",
     "ToolError",
     "ToolResult",
+    "ToolsFailedError",
     "UnsupportedSchemaError",
     "Usage",
     "__version__",

@@ -27,7 +27,8 @@ Hierarchy::
     ├── ToolError
     │   └── ToolArgumentError         (also ValueError)
     ├── AgentError
-    │   └── MaxStepsExceeded          .steps, .messages
+    │   ├── MaxStepsExceeded          .steps, .messages
+    │   └── ToolsFailedError          .steps, .messages
     └── InvalidInputError             (also ValueError)
 """
 
@@ -202,6 +203,19 @@ class MaxStepsExceeded(AgentError):  # noqa: N818 - reads like OutputBudgetExcee
         self.messages = messages or []
 
 
+class ToolsFailedError(AgentError):
+    """The agent's tools failed again after a retry, and the agent has an ``output`` type, so
+    no answer object can be given (an agent answering in text says so in ``final`` instead).
+
+    ``steps`` and ``messages`` hold the run; each failed call's error is on its step's results.
+    """
+
+    def __init__(self, message: str, *, steps: list[Any], messages: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.steps = steps
+        self.messages = messages or []
+
+
 # --- arguments --------------------------------------------------------------------------
 
 
@@ -232,5 +246,6 @@ __all__ = [
     "TokenRejectedError",
     "ToolArgumentError",
     "ToolError",
+    "ToolsFailedError",
     "UnsupportedSchemaError",
 ]

@@ -521,7 +521,7 @@ class ExtractOutcome(Generic[T]):
     """One document's result in :func:`extract_many`: ``value`` or ``error``."""
 
     index: int
-    value: Any = None
+    value: T | None = None
     error: PocketAgentError | None = None
     seconds: float = 0.0
 
@@ -555,6 +555,44 @@ class _Progress:
     def close(self) -> None:
         if self.enabled and self.done:
             sys.stderr.write("\n")
+
+
+@overload
+def extract_many(
+    texts: Iterable[Any],
+    schema: type[T],
+    *,
+    model: Model | str | None = ...,
+    instructions: str | None = ...,
+    examples: Sequence[tuple[str, Any]] | None = ...,
+    sampling: Sampling | None = ...,
+    limits: Limits | None = ...,
+    max_tokens: int | None = ...,
+    retries: int = ...,
+    progress: bool | None = ...,
+    grounded: Grounding = ...,
+    adapter: AdapterChoice = ...,
+    batch: int = ...,
+) -> Iterator[ExtractOutcome[T]]: ...
+
+
+@overload
+def extract_many(
+    texts: Iterable[Any],
+    schema: Mapping[str, Any],
+    *,
+    model: Model | str | None = ...,
+    instructions: str | None = ...,
+    examples: Sequence[tuple[str, Any]] | None = ...,
+    sampling: Sampling | None = ...,
+    limits: Limits | None = ...,
+    max_tokens: int | None = ...,
+    retries: int = ...,
+    progress: bool | None = ...,
+    grounded: Grounding = ...,
+    adapter: AdapterChoice = ...,
+    batch: int = ...,
+) -> Iterator[ExtractOutcome[Any]]: ...
 
 
 def extract_many(

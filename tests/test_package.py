@@ -117,6 +117,11 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(tmp_path: P
     assert "Invoice(" in out.stdout, out.stdout
     where = _check([py, "-c", "import pocket_agent; print(pocket_agent.__file__)"], cwd=quick)
     assert str(venv) in where.stdout  # the installed wheel ran, not the clone
+    # its types reach a user's code (py.typed ships in the wheel)
+    _check([*pip, "mypy>=1.10,<2"])
+    script = quick / "user_script.py"
+    script.write_text((ROOT / "tests" / "typing" / "user_script.py").read_text())
+    _check([py, "-m", "mypy", "--strict", str(script)], cwd=quick)
 
 
 def _check(cmd: list[str], cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:

@@ -21,11 +21,12 @@ import time
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, overload
 
 import numpy as np
+from typing_extensions import Unpack
 
-from ..errors import GenerationError, InvalidInputError, MaxStepsExceeded, ToolArgumentError
+from ..errors import GenerationError, InvalidInputError, MaxStepsExceeded, ToolArgumentError, ToolsFailedError
 from ..options import Limits, Sampling, resolve_limits, resolve_sampling
 from ..runtime.prompt import encode_pieces
 from ..runtime.task_adapters import (
@@ -58,7 +59,7 @@ from .format import (
     render_messages,
 )
 from .relevance import relevance, relevant_tools
-from .results import AgentEvent, ConfirmCallback, EventCallback, RunResult, Step, ToolResult
+from .results import AgentEvent, ConfirmCallback, EventCallback, FinalT, RunResult, Step, ToolResult
 from .routing import (
     CALL_BIAS,
     Router,
@@ -78,7 +79,27 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "AgentEvent", "RunResult", "Step", "ToolResult"]
 
 
-class Agent:
+OutputT = TypeVar("OutputT")
+
+
+class AgentOptions(TypedDict, total=False):
+    """The keyword options of :class:`Agent` besides ``output`` and ``answer`` (for typing)."""
+
+    tool_choice: str
+    parallel_tool_calls: bool
+    max_parallel_calls: int
+    confirm: ConfirmCallback | None
+    sampling: Sampling | None
+    limits: Limits | None
+    max_tokens: int | None
+    call_threshold: float | None
+    chat_template: ChatTemplate | None
+    routing: Literal["scored", "sample"]
+    grounded: bool | Literal["strings", "all"]
+    adapter: AdapterChoice
+
+
+class Agent(Generic[FinalT]):
     """A tool-calling loop over a local model whose tool calls are always well-formed.
 
     Args:
@@ -142,6 +163,54 @@ class Agent:
             the error and may call again; when that fails too, or the model answers instead, the
             final answer says plainly which tool failed and why (nothing is invented).
     """
+
+    @overload
+    def __init__(
+        self: Agent[str],
+        tools: Iterable[Any] = (),
+        model: Model | str | None = None,
+        instructions: str | None = None,
+        output: None = None,
+        *,
+        answer: Literal["stated", "free"] = "stated",
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[OutputT],
+        tools: Iterable[Any],
+        model: Model | str | None,
+        instructions: str | None,
+        output: type[OutputT],
+        *,
+        answer: Literal["stated", "free"] = "stated",
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[OutputT],
+        tools: Iterable[Any] = (),
+        model: Model | str | None = None,
+        instructions: str | None = None,
+        *,
+        output: type[OutputT],
+        answer: Literal["stated", "free"] = "stated",
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[Any],
+        tools: Iterable[Any] = (),
+        model: Model | str | None = None,
+        instructions: str | None = None,
+        output: Any = None,
+        *,
+        answer: AnswerMode = "stated",
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
 
     def __init__(
         self,
@@ -509,6 +578,8 @@ class Agent:
         failures = 0  # turns whose calls failed: one retry, then a plain answer saying so
         for index in range(self.max_steps):
             step: Step | None = None
+            if failures > 1 and self._output_schema is not None:  # no object can be given: say why
+                raise ToolsFailedError(failure_answer(messages, source_text(messages)), steps=steps, messages=messages)
             if failures > 1:  # the retry failed too: say so instead of another turn
                 turn = self._composed_step(index, failure_answer(messages, source_text(messages)), None, None)
             else:
@@ -556,7 +627,9 @@ class Agent:
         has ``kind == "final"`` and carries the :class:`RunResult`."""
         yield from self._loop(task)
 
-    def run(self, task: str | Sequence[Mapping[str, Any]], *, on_event: EventCallback | None = None) -> RunResult:
+    def run(
+        self, task: str | Sequence[Mapping[str, Any]], *, on_event: EventCallback | None = None
+    ) -> RunResult[FinalT]:
         """Run the loop until the model answers.
 
         Args:
@@ -569,7 +642,7 @@ class Agent:
                 not fit in ``max_tokens``. Calls completed before the budget ran out are kept
                 and run (the step's ``finish_reason`` is then ``"length"``).
         """
-        result: RunResult | None = None
+        result: RunResult[FinalT] | None = None
         for ev in self._loop(task):
             if on_event is not None:
                 on_event(ev)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from ..usage import Usage
 from .format import ToolCall
 from .routing import Routing
 
 ResultStatus = Literal["ok", "error", "denied", "timeout"]
+FinalT = TypeVar("FinalT")
 
 
 @dataclass
@@ -66,17 +67,20 @@ class Step:
 
 
 @dataclass
-class RunResult:
+class RunResult(Generic[FinalT]):
     """The outcome of :meth:`~pocket_agent.tools.Agent.run`: the ``final`` answer, every step, totals, and the
-    conversation (``messages``, OpenAI style) to continue from."""
+    conversation (``messages``, OpenAI style) to continue from.
 
-    final: Any
+    ``final`` is typed by the agent: ``str`` for a text answer, the ``output`` type's instance
+    for an agent with ``output=Model``, ``Any`` with ``answer="result"`` (the tool's value)."""
+
+    final: FinalT
     steps: list[Step]
     usage: Usage
     messages: list[dict[str, Any]]
 
     @classmethod
-    def of(cls, final: Any, steps: list[Step], messages: list[dict[str, Any]]) -> RunResult:
+    def of(cls, final: FinalT, steps: list[Step], messages: list[dict[str, Any]]) -> RunResult[FinalT]:
         """A result whose usage is the sum of its steps'."""
         return cls(final=final, steps=steps, usage=sum((s.usage for s in steps), Usage()), messages=messages)
 
@@ -104,7 +108,7 @@ class AgentEvent:
     call: ToolCall | None = None
     result: ToolResult | None = None
     step: Step | None = None
-    run: RunResult | None = None
+    run: RunResult[Any] | None = None
 
 
 ConfirmCallback = Callable[[ToolCall], bool]

@@ -146,7 +146,7 @@ def end_of_turn_id(model: Model) -> int | None:
 
 def _read_row(
     model: Model, row: Mapping[str, Any], i: int, instructions: str | None
-) -> tuple[Agent, list[dict[str, Any]], Turn]:
+) -> tuple[Agent[Any], list[dict[str, Any]], Turn]:
     """The agent, messages and expected turn of ``examples[i]``, checked."""
     where = f"examples[{i}]"
     if not isinstance(row, Mapping):
@@ -191,7 +191,7 @@ def _tools(value: Any, where: str) -> list[Tool]:
     return out
 
 
-def _turn(output: Any, agent: Agent, where: str) -> Turn:
+def _turn(output: Any, agent: Agent[Any], where: str) -> Turn:
     if not isinstance(output, Mapping) or ("tool_calls" in output) == ("content" in output):
         raise InvalidInputError(
             f"{where}.output must be {{'tool_calls': [{{'name': ..., 'arguments': {{...}}}}]}} "
