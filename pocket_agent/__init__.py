@@ -4,6 +4,7 @@ Importing this package loads no model, opens no network connection and installs 
 models load on first use.
 """
 
+from ._version import __version__
 from .decision import Decision, decide, decide_many, load_decision_adapter, train_head
 from .errors import (
     AdapterError,
@@ -31,8 +32,6 @@ from .options import Limits, Sampling
 from .runtime import Model, get_default_model, load_model, set_default_model
 from .tools import Agent, RunResult, Step, Tool, ToolCall, ToolResult, tool
 from .usage import Usage
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AdapterError",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from .errors import (
     MaxStepsExceeded,
     OutputBudgetExceeded,
     PocketAgentError,
+    SchemaError,
     ToolError,
 )
 
@@ -57,7 +59,7 @@ def version_string() -> str:
     try:
         number = version(DISTRIBUTION)
     except PackageNotFoundError:
-        from . import __version__ as number
+        from ._version import __version__ as number
     return f"{PROG} {number}"
 
 
@@ -154,11 +156,12 @@ def load_schema_option(spec: str, option: str = "--schema") -> Any:
     named ``module:Class`` or ``path/to/file.py:Class`` (:func:`load_reference`)."""
     path = Path(spec)
     if path.suffix.lower() == ".json" or path.is_file():
-        from .extraction import load_schema
-
         if not path.is_file():
             raise InvalidInputError(f"{option}: schema file not found: {path}")
-        return load_schema(spec)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SchemaError(f"{option}: {path} is not a readable JSON file: {exc}") from exc
     return load_reference(spec, option)
 
 

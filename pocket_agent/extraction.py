@@ -7,14 +7,11 @@ checks) get a bounded retry that shows the model the error.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, overload
 
 import jsonschema
@@ -806,27 +803,3 @@ def extract_stream(
             if len(fields) > seen:
                 seen = len(fields)
                 yield fields
-
-
-def load_schema(spec: str) -> Any:
-    """A schema from ``module:Class`` (a Pydantic model) or a JSON Schema file path."""
-    path = Path(spec)
-    if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
-            raise InvalidInputError(f"Schema file not found: {path}")
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise SchemaError(f"{path} is not valid JSON: {exc}") from exc
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise InvalidInputError(f"--schema must be module:Class or a .json file, got {spec!r}.")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInputError(f"Cannot import {module_name!r} for --schema: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise InvalidInputError(f"{module_name!r} has no attribute {attr!r}.") from exc

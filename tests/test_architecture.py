@@ -17,10 +17,12 @@ PACKAGE = Path(pocket_agent.__file__).resolve().parent
 
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "_version": 0,
     "options": 1,
     "usage": 1,
     "runtime": 2,
     "grammars": 3,
+    "_cli_common": 3,  # what every subcommand shares: options, loaders, one-line errors
     "speculation": 3,  # draft tokens for the generation loop: pure token bookkeeping
     "generate": 4,
     "grounding": 4,  # grounded grammars and confidence for extraction

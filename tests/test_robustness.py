@@ -147,6 +147,9 @@ def _error_instances() -> Iterator[errors.PocketAgentError]:
         "MaxStepsExceeded": errors.MaxStepsExceeded(
             "steps", steps=[Step(index=0, text="t", tool_calls=[])], messages=[{"role": "user", "content": "x"}]
         ),
+        "ToolsFailedError": errors.ToolsFailedError(
+            "failed", steps=[Step(index=0, text="t", tool_calls=[])], messages=[{"role": "user", "content": "x"}]
+        ),
     }
     for name in errors.__all__:
         cls = getattr(errors, name)

@@ -50,28 +50,28 @@ class APIError(Exception):
 # --- requests -------------------------------------------------------------------------------
 
 
-class _Model(BaseModel):
+class ApiModel(BaseModel):
     # Unknown fields are ignored (clients send vendor extensions); known fields are strict.
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class ContentPart(_Model):
+class ContentPart(ApiModel):
     type: str
     text: str | None = None
 
 
-class FunctionCall(_Model):
+class FunctionCall(ApiModel):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCallIn(_Model):
+class ToolCallIn(ApiModel):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class Message(_Model):
+class Message(ApiModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -79,28 +79,28 @@ class Message(_Model):
     tool_call_id: str | None = None
 
 
-class FunctionSpec(_Model):
+class FunctionSpec(ApiModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolSpec(_Model):
+class ToolSpec(ApiModel):
     type: Literal["function"]
     function: FunctionSpec
 
 
-class NamedFunction(_Model):
+class NamedFunction(ApiModel):
     name: str
 
 
-class NamedToolChoice(_Model):
+class NamedToolChoice(ApiModel):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Model):
+class JsonSchemaFormat(ApiModel):
     name: str = "response"
     description: str | None = None
     # "schema" shadows a BaseModel attribute; the alias keeps the wire name.
@@ -108,16 +108,16 @@ class JsonSchemaFormat(_Model):
     strict: bool | None = None
 
 
-class ResponseFormat(_Model):
+class ResponseFormat(ApiModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StreamOptions(_Model):
+class StreamOptions(ApiModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Model):
+class ChatCompletionRequest(ApiModel):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -139,21 +139,21 @@ class ChatCompletionRequest(_Model):
     presence_penalty: float | None = None
 
 
-class ExtractRequest(_Model):
+class ExtractRequest(ApiModel):
     text: str = Field(min_length=1)
     schema_: dict[str, Any] = Field(alias="schema")
     instructions: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
 
 
-class DecideRequest(_Model):
+class DecideRequest(ApiModel):
     question: str = Field(min_length=1)
     options: list[str] = Field(min_length=2)
     context: str | None = None
     method: Literal["auto", "cloze", "letter", "pointer"] = "auto"
 
 
-_ModelT = TypeVar("_ModelT", bound=_Model)
+_ModelT = TypeVar("_ModelT", bound=ApiModel)
 
 
 def validation_error(exc: ValidationError) -> APIError:

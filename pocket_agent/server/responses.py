@@ -29,9 +29,9 @@ from .app import Job, Routes, api_error
 from .engine import ChatTurn
 from .protocol import (
     APIError,
+    ApiModel,
     ChatCompletionRequest,
     Reply,
-    _Model,
     chat_job,
     new_id,
     parse_request,
@@ -41,14 +41,14 @@ from .protocol import (
 # --- requests -------------------------------------------------------------------------------
 
 
-class InputPart(_Model):
+class InputPart(ApiModel):
     """A content part of an input item (``input_text``, an assistant's ``output_text``...)."""
 
     type: str
     text: str | None = None
 
 
-class InputItem(_Model):
+class InputItem(ApiModel):
     """One ``input`` item: a message (the default), a ``function_call`` or a ``function_call_output``."""
 
     type: str = "message"
@@ -60,7 +60,7 @@ class InputItem(_Model):
     output: str | list[InputPart] | None = None
 
 
-class FunctionTool(_Model):
+class FunctionTool(ApiModel):
     """A ``tools`` entry; only ``function`` tools are served."""
 
     type: str
@@ -70,7 +70,7 @@ class FunctionTool(_Model):
     strict: bool | None = None
 
 
-class TextFormat(_Model):
+class TextFormat(ApiModel):
     """``text.format``: plain text, any JSON object, or an object of a JSON Schema."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -80,20 +80,20 @@ class TextFormat(_Model):
     strict: bool | None = None
 
 
-class TextConfig(_Model):
+class TextConfig(ApiModel):
     """``text``: the output's format."""
 
     format: TextFormat | None = None
 
 
-class ToolChoiceIn(_Model):
+class ToolChoiceIn(ApiModel):
     """A ``tool_choice`` object: ``{"type": "function", "name": ...}``."""
 
     type: str
     name: str | None = None
 
 
-class ResponsesRequest(_Model):
+class ResponsesRequest(ApiModel):
     """The body of ``POST /v1/responses`` (unknown fields are ignored)."""
 
     model: str | None = None
