@@ -6,10 +6,14 @@ documents (SROIE receipts from ../shared/data/sroie) and the same chat prompt fo
   ours          pocket_agent.extract (llguidance masks, fast-forward of forced tokens,
                 grounded strings, number fields chosen among the printed numbers)
   ours-greedy-numbers  the same without the number choice (ablation)
-  ours-many-bf16  extract_many on one BF16 copy (layout="bf16"); where llama.cpp computes BF16
-                natively the ours rows run split weights (prompts on the BF16 copy with flash
-                attention, generation on the Q8_0 copy), this row shows what that buys
+  ours-many-bf16  extract_many on one BF16 copy (layout="bf16"), the adapter merged; the ours rows
+                run the adapter merged into the one copy layout "auto" picks (BF16 where llama.cpp
+                computes BF16 natively: then the same model as this row)
   ours-many-q8_0  extract_many on the Q8_0 copy (layout="q8_0")
+  ours-many-lora  extract_many on the default model, the adapter applied at run time: what
+                extract(model=None) runs (one model serves extract, decide and Agent)
+  ours-many-speed extract_many under layout="speed": the adapter merged, split weights where BF16
+                is native (what extract(model=None) ran before one model served every task)
   ours-mnn      the same on the MNN backend (the model converted to MNN q4, 8-bit head; base
                 weights, as MNN applies no LoRA at run time)
   ours-mnn-extract  the MNN extraction build (the shipped adapter merged in, its layers 8-bit);
@@ -527,6 +531,7 @@ def main() -> int:
             "ours",
             "ours-many",
             "ours-many-lora",
+            "ours-many-speed",
             "ours-many-batch4",
             "ours-many-bf16",
             "ours-many-q8_0",
@@ -567,8 +572,10 @@ def main() -> int:
         row, result_file = args.mnn_worker
         Path(result_file).write_bytes(pickle.dumps(run_mnn_row(row, docs[args.worker_first :], args.threads)))
         return 0
-    model = load_model(threads=args.threads)  # base weights: the peers' tokenizer, rows with the LoRA at run time
-    # what extract(model=None) runs: the default model with the extraction adapter merged into its weights
+    # base weights: the peers' tokenizer, rows with the LoRA at run time (what extract(model=None) runs:
+    # one model for every task, runtime/loader.py)
+    model = load_model(threads=args.threads)
+    # the extraction adapter merged into the weights of one copy (what `pocket-agent extract` loads)
     extraction = load_model(threads=args.threads, merge_adapter="extract")
     other_layouts: dict[str, Any] = {}
 
@@ -583,7 +590,10 @@ def main() -> int:
             "ours": lambda: run_ours(part, extraction),
             "ours-many": lambda: run_many(part, extraction, 1),
             "ours-many-lora": lambda: run_many(
-                part, model, 1, "ours, extract_many(batch=1), the LoRA applied at run time (no merge_adapter)"
+                part, model, 1, "ours, extract_many(batch=1), the LoRA applied at run time (the default model)"
+            ),
+            "ours-many-speed": lambda: run_many(
+                part, in_layout("speed"), 1, "ours, extract_many(batch=1), layout='speed' (merged; split where BF16)"
             ),
             "ours-many-batch4": lambda: run_many(part, extraction, 4),
             "ours-many-bf16": lambda: run_many(

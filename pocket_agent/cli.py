@@ -60,12 +60,34 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("file size", _human_size(info.file_size)),
         ("eos tokens", ", ".join(repr(model.decode([t])) for t in model.vocab.eos_ids)),
     ]
-    rows += [(k, v) for k, v in info.extra.items()]
+    rows += [(k, _with_size(v) if k in ("weights", "generation weights") else v) for k, v in info.extra.items()]
+    rows += _default_model_rows(args, info.backend)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     model.close()
     return EXIT_OK
+
+
+def _with_size(path: str) -> str:
+    try:
+        return f"{path} ({_human_size(Path(path).stat().st_size)})"
+    except OSError:
+        return path
+
+
+def _default_model_rows(args: argparse.Namespace, backend: str) -> list[tuple[str, str]]:
+    """For the default model on llama.cpp: how its tasks share it, and what the cache holds."""
+    import os
+
+    from .runtime.layout import cache_usage
+    from .runtime.loader import ENV_MODEL, tasks_note
+
+    if args.model is not None or os.environ.get(ENV_MODEL) or backend != "llamacpp":
+        return []
+    count, size, folder = cache_usage()
+    cache = f"{count} derived copies, {_human_size(size)}, in {folder} (safe to delete; rewritten on use)"
+    return [("tasks", tasks_note()), ("cache", cache)]
 
 
 _FINISH_WORDS = {

@@ -490,11 +490,11 @@ def extract(
             the one shipped for the model, if any (the embedded default model has one; a
             model with LoRAs the caller applied is left as it is), a GGUF LoRA's path
             (e.g. from ``pocket-agent tune extract``), or ``None`` for the base model.
-            With ``model=None`` and ``"auto"`` the default model runs with the adapter
-            merged into its weights (``load_model(merge_adapter="extract")``: faster, the
-            same model within rounding), a model of its own beside the one ``Agent`` and
-            ``decide`` share; a model passed in (or set with ``set_default_model``) is used
-            as it is, with the adapter applied at run time unless it was loaded merged.
+            With ``model=None`` the default model that ``Agent`` and ``decide`` share runs it,
+            the adapter applied at run time (under ``POCKET_AGENT_LAYOUT=speed``: a model of
+            its own with the adapter merged into its weights, faster, about twice the memory);
+            a model passed in (or set with ``set_default_model``) is used as it is, with the
+            adapter applied at run time unless it was loaded merged.
     """
     _check_text(text)
     p = _prepare(

@@ -188,7 +188,7 @@ def test_bad_merges_are_typed_errors(tiny_q4_1: Path, tiny_lora: Path, tmp_path:
 def test_the_default_model_with_the_extraction_adapter_merged(smollm: Model) -> None:
     shipped = find_shipped_adapter(smollm, "extract")
     assert shipped is not None
-    # one BF16 copy (where BF16 is native, "auto" splits it: tests/test_split_weights.py)
+    # one BF16 copy ("speed" splits it where BF16 is native: tests/test_split_weights.py)
     merged = load_model(threads=THREADS, merge_adapter="extract", layout="bf16")
     try:
         assert merged_task(merged) == "extract" and merged.info.extra["merged_adapter"] == str(shipped.resolve())
@@ -221,19 +221,30 @@ def add(a: float, b: float) -> float:
     return a + b
 
 
-def test_extract_without_a_model_runs_the_default_model_with_the_adapter_merged(smollm: Model) -> None:
+def test_extract_without_a_model_runs_the_shared_model_and_under_speed_a_merged_one(
+    smollm: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
     set_default_model(None)
+    monkeypatch.delenv("POCKET_AGENT_LAYOUT", raising=False)
+    try:
+        assert get_default_model("extract") is get_default_model()  # one model serves every task
+    finally:
+        get_default_model().close()
+        set_default_model(None)
+    monkeypatch.setenv("POCKET_AGENT_LAYOUT", "speed")
     try:
         model = get_default_model("extract")
+        shared = get_default_model()
         assert merged_task(model) == "extract"
         assert get_default_model("extract") is model  # loaded once
-        assert merged_task(get_default_model()) is None  # the shared model, for everything else
+        assert merged_task(shared) is None  # the shared model, for everything else
         assert isinstance(extract(INVOICE, Invoice), Invoice)
         set_default_model(smollm)  # a model the user sets serves every task
         assert get_default_model("extract") is smollm
     finally:
         set_default_model(smollm)
         model.close()
+        shared.close()
 
 
 def test_extract_keeps_the_adapter_at_run_time_where_nothing_is_merged(

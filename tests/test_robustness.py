@@ -399,10 +399,14 @@ class _FakeLoad:
         return self.threads
 
 
+def _free(threads: int) -> bool:
+    return True  # the cores are free: the governor's own measurements decide (tests/test_memory_defaults.py: busy)
+
+
 def test_thread_governor_runs_the_faster_count_for_each_evaluation_size() -> None:
     # 2 threads lose on one-token steps (barriers) and win on prompts, as on a 2-vCPU VM
     load = _FakeLoad({(0, 1): 10.0, (0, 2): 12.0, (3, 1): 3.0, (3, 2): 2.0})
-    gov = ThreadGovernor(2, load.set_threads, clock=load.clock)
+    gov = ThreadGovernor(2, load.set_threads, clock=load.clock, cores_free=_free)
     steps = [gov.run(1, lambda: load.evaluate(1)) for _ in range(200)]
     prompts = [gov.run(300, lambda: load.evaluate(300)) for _ in range(50)]
     assert steps[:3] == [2, 2, 1]  # both measured, the ceiling first (its first run is a warm-up)
@@ -415,14 +419,14 @@ def test_thread_governor_keeps_the_ceiling_unless_one_thread_is_clearly_faster()
     # 1 thread 5% faster: within the noise margin, so the ceiling stays; 20% faster: switch
     for one, expected in ((9.5, 2), (8.0, 1)):
         load = _FakeLoad({(0, 1): one, (0, 2): 10.0})
-        gov = ThreadGovernor(2, load.set_threads, clock=load.clock)
+        gov = ThreadGovernor(2, load.set_threads, clock=load.clock, cores_free=_free)
         used = [gov.run(1, functools.partial(load.evaluate, 1)) for _ in range(300)]
         assert used[-100:].count(expected) > 95, (one, gov.choices())
 
 
 def test_thread_governor_ignores_the_ceilings_warm_up() -> None:
     load = _FakeLoad({(3, 1): 3.0, (3, 2): 2.0})
-    gov = ThreadGovernor(2, load.set_threads, clock=load.clock)
+    gov = ThreadGovernor(2, load.set_threads, clock=load.clock, cores_free=_free)
     load.cost[(3, 2)] = 9.0  # the very first evaluation allocates buffers and starts the thread team
     gov.run(300, lambda: load.evaluate(300))
     load.cost[(3, 2)] = 2.0
@@ -432,7 +436,7 @@ def test_thread_governor_ignores_the_ceilings_warm_up() -> None:
 
 def test_thread_governor_follows_a_change_in_load() -> None:
     load = _FakeLoad({(0, 1): 10.0, (0, 2): 7.0})
-    gov = ThreadGovernor(2, load.set_threads, clock=load.clock)
+    gov = ThreadGovernor(2, load.set_threads, clock=load.clock, cores_free=_free)
 
     def run(n: int) -> list[int]:
         return [gov.run(1, lambda: load.evaluate(1)) for _ in range(n)]

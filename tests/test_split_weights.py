@@ -227,9 +227,14 @@ def test_which_layouts_generate_in_a_context_of_their_own() -> None:
     from pocket_agent.runtime.layout import describe_copy, generation_copy
 
     assert generation_copy("split", "bf16", merged=False) == "q8_0"
-    assert generation_copy("auto", "bf16", merged=True) == "q8_0"  # the merged extraction model, BF16 native
-    assert generation_copy("auto", "q8_0", merged=True) == "q8_0"  # elsewhere: its own copy, a second context
-    for layout, kind, merged in (("auto", "bf16", False), ("bf16", "bf16", True), ("q8_0", "q8_0", True)):
+    assert generation_copy("speed", "bf16", merged=True) == "q8_0"  # the merged extraction model, BF16 native
+    assert generation_copy("speed", "q8_0", merged=True) == "q8_0"  # elsewhere: its own copy, a second context
+    for layout, kind, merged in (
+        ("auto", "bf16", False),
+        ("auto", "bf16", True),  # "auto" keeps one copy and one context, merged or not
+        ("bf16", "bf16", True),
+        ("q8_0", "q8_0", True),
+    ):
         assert generation_copy(layout, kind, merged=merged) is None  # type: ignore[arg-type]
-    assert generation_copy("auto", None, merged=True) is None
+    assert generation_copy("speed", None, merged=True) is None
     assert describe_copy("auto", "q8_0", "q8_0").endswith("prompts in a flash-attention context")

@@ -74,7 +74,7 @@ class ExtractWorker:
         self, spec: WorkerSpec, schema: ShippedSchema, text_column: str, extract_options: Mapping[str, Any]
     ) -> None:
         self.options = dict(extract_options)
-        # the shipped adapter merged into the weights, as extract(model=None) runs it (runtime/merged.py)
+        # the shipped adapter merged into the weights: a worker only extracts, merged is faster (runtime/merged.py)
         self.model = spec.load(merge_adapter="extract" if self.options.get("adapter", "auto") == "auto" else None)
         self.schema = schema.load()
         self.text_column = text_column

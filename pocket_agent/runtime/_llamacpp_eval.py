@@ -5,6 +5,15 @@ generation runs in a context of its own (``generation_weights``): prompts with f
 attention (on a BF16 copy under ``layout="split"``), generation without it (on a Q8_0 copy,
 or on the same weights), the prompt's keys and values carried from the first context to the
 second (re-laid out by :mod:`._llamacpp_kvstate` where only one uses flash attention).
+
+The KV cache grows with use. llama.cpp allocates (and zeroes) a context's whole cache when
+it creates it: 23 KB per cell for SmolLM2-135M, 90 MB for the 4096 cells of the default
+context, while a receipt, a decision or an agent turn uses a few hundred. A context starts
+with :data:`FIRST_CELLS` cells (or ``n_ctx``, if smaller) and, when an evaluation needs more,
+is replaced by one with twice as many (at least what is needed, at most ``n_ctx``) holding
+the same keys and values (llama.cpp's sequence state, moved in a few ms; a new context
+costs 15-50 ms, once per doubling). Results do not change: llama.cpp attends over the cells
+in use (rounded up to 256), not over the cache's size.
 """
 
 from __future__ import annotations
@@ -17,8 +26,11 @@ import numpy as np
 
 from ..errors import BackendError
 from ._llamacpp_context import copy_floats, fill_batch
-from ._llamacpp_kvstate import relayout_values
+from ._llamacpp_kvstate import relayout_values, state_cells
 from ._threads import ThreadGovernor
+
+FIRST_CELLS = 1024
+"""KV cells a context starts with (see the module doc)."""
 
 
 class EvalContext:
@@ -28,32 +40,89 @@ class EvalContext:
         self,
         lc: Any,
         model: Any,
-        cparams: Any,
+        params: Callable[[int], Any],
         *,
+        n_ctx: int,
         threads: int,
         adaptive_threads: bool,
         n_vocab: int,
         n_embd: int,
         recent_errors: Callable[[], str],
+        first_cells: int = FIRST_CELLS,
     ) -> None:
+        """``params(cells)``: the ``llama_context_params`` of a context with ``cells`` KV cells;
+        ``n_ctx``: the most cells the context grows to."""
         self._lc = lc
+        self._model = model
+        self._params = params
         self._recent_errors = recent_errors
-        ctx = lc.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise BackendError(f"llama.cpp could not create a context: {recent_errors()}")
-        self.ctx: Any = ctx
-        self.mem = lc.llama_get_memory(ctx)
+        self.max_cells = n_ctx
+        self.ctx: Any = None
+        self.mem: Any = None
+        self.capacity = 0
+        self._loras: tuple[Any, Any, int] | None = None  # what set_loras applied: (adapters, scales, count)
+        self._embeddings_on = False
+        self._create(min(n_ctx, first_cells))
+        cparams = params(self.capacity)
         self.n_batch = int(cparams.n_batch)
         # without flash attention llama.cpp keeps the values transposed (its state says so too)
         self.values_transposed = int(cparams.flash_attn_type) != int(lc.LLAMA_FLASH_ATTN_TYPE_ENABLED)
         self.batch: Any = lc.llama_batch_init(self.n_batch, 0, 1)
-        self.governor = ThreadGovernor(threads, lambda n: lc.llama_set_n_threads(ctx, n, n), adaptive=adaptive_threads)
+        self.governor = ThreadGovernor(
+            threads, lambda n: lc.llama_set_n_threads(self.ctx, n, n), adaptive=adaptive_threads
+        )
         self._n_vocab = n_vocab
         self._n_embd = n_embd
         self._logits_row = ctypes.c_float * n_vocab
         self._hidden_row = ctypes.c_float * n_embd
-        self._embeddings_on = False
         self._state_buf: Any = None
+
+    def _create(self, cells: int) -> None:
+        """Replace the context with one of ``cells`` KV cells, holding what sequence 0 held."""
+        lc = self._lc
+        ctx = lc.llama_init_from_model(self._model, self._params(cells))
+        if not ctx:
+            raise BackendError(f"llama.cpp could not create a context of {cells} cells: {self._recent_errors()}")
+        old, held = self.ctx, self.used_cells() if self.ctx else 0
+        try:
+            if held:
+                size = int(lc.llama_state_seq_get_size(old, 0))
+                buf = (ctypes.c_uint8 * size)()
+                written = int(lc.llama_state_seq_get_data(old, buf, size, 0))
+                if written <= 0 or int(lc.llama_state_seq_set_data(ctx, buf, written, 0)) <= 0:
+                    why = self._recent_errors()
+                    raise BackendError(f"llama.cpp could not move the KV cache to a larger context: {why}")
+            adapters, scales, n = self._loras if self._loras is not None else (None, None, 0)
+            if n and lc.llama_set_adapters_lora(ctx, adapters, n, scales) != 0:
+                raise BackendError("llama.cpp could not apply the LoRA adapters to a larger context.")
+            if self._embeddings_on:
+                lc.llama_set_embeddings(ctx, True)
+            if old is not None:
+                current = self.governor.current
+                lc.llama_set_n_threads(ctx, current, current)
+        except BaseException:
+            lc.llama_free(ctx)
+            raise
+        self.ctx, self.mem = ctx, lc.llama_get_memory(ctx)
+        self.capacity = int(lc.llama_n_ctx(ctx))
+        if old is not None:
+            lc.llama_free(old)
+
+    def reserve(self, cells: int) -> None:
+        """Grow the KV cache to hold ``cells`` cells, if it holds fewer (up to ``n_ctx``)."""
+        if cells > self.capacity and self.capacity < self.max_cells:
+            self._create(min(self.max_cells, max(2 * self.capacity, cells)))
+
+    def used_cells(self) -> int:
+        """Cells sequence 0 holds (its last position + 1)."""
+        return int(self._lc.llama_memory_seq_pos_max(self.mem, 0)) + 1
+
+    def set_loras(self, adapters: Any, scales: Any, n: int) -> int:
+        """Apply ``n`` LoRA adapters (llama.cpp arrays of handles and scales); llama.cpp's code."""
+        rc = int(self._lc.llama_set_adapters_lora(self.ctx, adapters if n else None, n, scales if n else None))
+        if rc == 0:
+            self._loras = (adapters, scales, n)
+        return rc
 
     def set_embeddings(self, on: bool) -> None:
         if on != self._embeddings_on:
@@ -109,6 +178,8 @@ class EvalContext:
         """Replace sequence 0 with a sequence state (``llama_state_seq_get_data``'s bytes)."""
         lc = self._lc
         lc.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        if size > 0:
+            self.reserve(state_cells(data, size))  # grown empty: nothing to carry over
         if size <= 0 or int(lc.llama_state_seq_set_data(self.ctx, data, size, 0)) <= 0:
             lc.llama_memory_seq_rm(self.mem, 0, -1, -1)
             raise BackendError(f"llama.cpp could not move keys and values between contexts: {self._recent_errors()}")

@@ -20,6 +20,7 @@ values do not depend on attention) comes out bit-identical in both layouts.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,15 @@ def value_blocks(state: bytes | bytearray | memoryview) -> list[np.ndarray]:
         return [block for _, _, _, block in layout.values(data)]
     except (struct.error, ValueError) as exc:
         raise BackendError(f"llama.cpp wrote a sequence state pocket_agent cannot read ({exc}).") from exc
+
+
+def state_cells(state: Any, size: int) -> int:
+    """The cell count of a one-stream sequence state of ``size`` bytes (a ``ctypes`` byte
+    array or bytes), or 0 where it says otherwise."""
+    if size < _HEADER + 8:
+        return 0
+    n_stream, n_cells = struct.unpack("<II", bytes(state[_HEADER : _HEADER + 8]))
+    return int(n_cells) if n_stream == 1 else 0
 
 
 class _Layout:

@@ -11,6 +11,13 @@ previous call, typically the chat-template header) together with the depth it wa
 computed to, and every request runs on sequences 1.. that are copied from the base and
 removed afterwards. Several requests share one decode when their sequences and tokens
 fit.
+
+Its KV cache grows with use, as the main context's does (:mod:`._llamacpp_eval`): it starts
+with :data:`FIRST_CELLS` cells (a question, its options and a short context; 11.5 MB for
+SmolLM2-135M, where the whole window would take 90 MB) and is made again, larger, when a call
+needs more. Its decodes run on the thread count the governor picks (:mod:`._threads`), one-token
+decodes on one thread: this context uses flash attention, whose one-token results depend on
+the thread count.
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from numpy.typing import NDArray
 from ..errors import BackendError
 from ._llamacpp_context import context_params
 from ._llamacpp_tap import LayerTap, load_ggml_base
+from ._threads import ThreadGovernor
 from .base import LayerStates, LoraAdapter, StatesRequest, common_prefix_length
 
 N_SEQ = 16  # sequence 0 is the base; 1..15 carry requests
+FIRST_CELLS = 512
 
 
 @dataclass
@@ -52,25 +61,65 @@ class _Job:
 class StateReader:
     """Reads the output of one transformer block for token sequences (see module doc)."""
 
-    def __init__(self, lc: Any, model: Any, *, n_ctx: int, n_batch: int, threads: int, n_embd: int) -> None:
+    def __init__(
+        self,
+        lc: Any,
+        model: Any,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        threads: int,
+        n_embd: int,
+        adaptive_threads: bool = True,
+    ) -> None:
         self._lc = lc
+        self._model = model
         self._tap = LayerTap(load_ggml_base(lc), lc.ggml_backend_sched_eval_callback, n_embd)
         self._n_embd = n_embd
         self._n_batch = n_batch
-        # n_ubatch = n_batch: the tap sees every row of a decode at once. Flash attention is
-        # on whatever the generating context uses, so the features (and the heads trained
-        # on them) do not depend on that setting.
-        cparams = context_params(lc, n_ctx=n_ctx, n_batch=n_batch, n_seq=N_SEQ, threads=threads, flash_attn=True)
-        cparams.cb_eval = self._tap.callback
-        cparams.cb_eval_user_data = None
-        self._ctx = lc.llama_init_from_model(model, cparams)
-        if not self._ctx:
-            raise BackendError("llama.cpp could not create the context that reads layer states.")
-        self._mem = lc.llama_get_memory(self._ctx)
+        self._threads = threads
+        self._max_cells = n_ctx
+        self._ctx: Any = None
+        self._mem: Any = None
+        self.capacity = 0
+        self._governor = ThreadGovernor(
+            threads, lambda n: lc.llama_set_n_threads(self._ctx, n, n), adaptive=adaptive_threads, single_on_one=True
+        )
+        self._create(min(n_ctx, max(FIRST_CELLS, n_batch)))
         self._batch = lc.llama_batch_init(n_batch, 0, N_SEQ)
         self._base: list[int] = []
         self._base_depth = -1
         self._loras: list[tuple[int, float]] = []
+
+    def _create(self, cells: int) -> None:
+        """A context of ``cells`` KV cells in place of the current one (whose cache is dropped)."""
+        lc = self._lc
+        # n_ubatch = n_batch: the tap sees every row of a decode at once. Flash attention is
+        # on whatever the generating context uses, so the features (and the heads trained
+        # on them) do not depend on that setting.
+        cparams = context_params(
+            lc, n_ctx=cells, n_batch=self._n_batch, n_seq=N_SEQ, threads=self._threads, flash_attn=True
+        )
+        cparams.cb_eval = self._tap.callback
+        cparams.cb_eval_user_data = None
+        ctx = lc.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            raise BackendError("llama.cpp could not create the context that reads layer states.")
+        if self._ctx:
+            lc.llama_free(self._ctx)
+        self._ctx, self._mem = ctx, lc.llama_get_memory(ctx)
+        self.capacity = int(lc.llama_n_ctx(ctx))
+        current = self._governor.current
+        if current != self._threads:
+            lc.llama_set_n_threads(ctx, current, current)
+        self._loras = []
+        self._base = []
+        self._base_depth = -1
+
+    def _reserve(self, cells: int) -> None:
+        """Grow the cache to ``cells`` cells if it holds fewer (what it held is evaluated again)."""
+        if cells > self.capacity and self.capacity < self._max_cells:
+            self._create(min(self._max_cells, max(2 * self.capacity, cells)))
 
     # -- state of the base ---------------------------------------------------------------
 
@@ -113,7 +162,7 @@ class StateReader:
         b.n_tokens = len(items)
         self._tap.layer = layer
         self._tap.stop = True
-        rc = self._lc.llama_decode(self._ctx, b)
+        rc = self._governor.run(len(items), lambda: self._lc.llama_decode(self._ctx, b))
         rows, error = self._tap.rows, self._tap.error
         self._tap.layer = None
         if rc != 0 or error is not None or rows is None or rows.shape[0] != len(items):
@@ -138,7 +187,6 @@ class StateReader:
     def read(
         self, requests: Sequence[StatesRequest], layer: int, loras: Sequence[tuple[LoraAdapter, float]]
     ) -> list[LayerStates]:
-        self._set_loras(loras)
         # the base: the common prefix of all requests, short of any position whose state is wanted
         shared = list(requests[0].prefix)
         for req in requests:
@@ -146,8 +194,17 @@ class StateReader:
         for req in requests:
             limit = min(req.prefix_positions, default=len(req.prefix) if req.branches else len(req.prefix) - 1)
             shared = shared[:limit]
+        groups = self._groups(requests, len(shared))
+        self._reserve(len(shared) + max(sum(j.n_tokens for j in g) for g in groups))
+        self._set_loras(loras)
         self._extend_base(shared, layer)
-        n_base = len(shared)
+        parts: list[list[LayerStates]] = [[] for _ in requests]
+        for group in groups:
+            self._run_group(group, layer, parts)
+        return [LayerStates(prefix=ps[0].prefix, branches=[b for st in ps for b in st.branches]) for ps in parts]
+
+    def _groups(self, requests: Sequence[StatesRequest], n_base: int) -> list[list[_Job]]:
+        """The requests laid out as jobs after a base of ``n_base`` tokens, in groups that share a decode."""
         # a request with more branches than free sequences runs as several parts
         jobs: list[_Job] = []
         per = N_SEQ - 1
@@ -158,19 +215,16 @@ class StateReader:
             for k in range(0, len(req.branches), per):
                 part = StatesRequest(req.prefix, req.branches[k : k + per], req.prefix_positions if k == 0 else [])
                 jobs.append(_Job(i, part, n_base))
-        parts: list[list[LayerStates]] = [[] for _ in requests]
-        group: list[_Job] = []
+        groups: list[list[_Job]] = [[]]
         for job in jobs:
+            group = groups[-1]
             if group and (
                 sum(j.n_seqs for j in group) + job.n_seqs > per
                 or sum(j.n_tokens for j in group) + job.n_tokens > self._n_batch
             ):
-                self._run_group(group, layer, parts)
-                group = []
-            group.append(job)
-        if group:
-            self._run_group(group, layer, parts)
-        return [LayerStates(prefix=ps[0].prefix, branches=[b for st in ps for b in st.branches]) for ps in parts]
+                groups.append([])
+            groups[-1].append(job)
+        return groups
 
     def _run_group(self, group: list[_Job], layer: int, parts: list[list[LayerStates]]) -> None:
         lc = self._lc

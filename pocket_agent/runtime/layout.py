@@ -15,10 +15,16 @@ llama.cpp's own quantizer, and reused while the source file is unchanged.
 ``layout`` (``load_model``'s argument, else ``$POCKET_AGENT_LAYOUT``):
 
 - ``"auto"`` (default): the embedded default model runs as BF16 where llama.cpp's build
-  uses AVX512-BF16 (its system info), else as Q8_0; any other file as it is.
-  A model with the extraction adapter merged (``merge_adapter``) runs split where BF16 is
-  native, below; elsewhere its Q8_0 copy evaluates prompts in a second context, with flash
-  attention (``LlamaCppModel(generation_weights=<the same file>)``).
+  uses AVX512-BF16 (its system info), else as Q8_0; any other file as it is. One copy, one
+  context: the default model serves ``extract``, ``decide`` and ``Agent`` with their adapters
+  switched at run time (465 MB peak RSS for all three in one process, BF16; 344 MB Q8_0).
+- ``"lean"`` / ``"original"``: every file runs as it is (the Q4_1 file: 300 MB peak RSS for
+  all three, nothing written to the cache; prompts about half as fast as from a copy).
+- ``"speed"``: as ``"auto"``, and ``extract(model=None)`` runs on a second model with the
+  extraction adapter merged into its weights (``merge_adapter``), split where BF16 is native
+  (below), elsewhere its Q8_0 copy evaluating prompts in a second context with flash attention
+  (``LlamaCppModel(generation_weights=<the same file>)``): extraction ~15-20% faster per receipt,
+  about twice the memory (both copies of the merged model, two KV caches, beside the shared one).
 - ``"bf16"`` / ``"q8_0"``: every Q4_0/Q4_1/Q5_0/Q5_1 GGUF runs as a copy of that type.
 - ``"split"``: prompts run on the BF16 copy and generation on the Q8_0 copy (both written;
   ``LlamaCppModel(generation_weights=...)``). A prompt is bound by arithmetic, where BF16 is
@@ -49,8 +55,11 @@ from .gguf_meta import GGUFFormatError, read_gguf_metadata
 
 logger = logging.getLogger("pocket_agent.layout")
 
-Layout = Literal["auto", "bf16", "q8_0", "split", "original"]
-LAYOUTS: tuple[Layout, ...] = ("auto", "bf16", "q8_0", "split", "original")
+Layout = Literal["auto", "lean", "speed", "bf16", "q8_0", "split", "original"]
+LAYOUTS: tuple[Layout, ...] = ("auto", "lean", "speed", "bf16", "q8_0", "split", "original")
+SEPARATE_EXTRACTION: tuple[Layout, ...] = ("speed", "split")
+"""Layouts under which ``extract(model=None)`` runs on a model of its own, the extraction adapter
+merged into its weights; under the others the one default model serves every task."""
 CopyType = Literal["bf16", "q8_0"]
 LAYOUT_ENV = "POCKET_AGENT_LAYOUT"
 
@@ -72,7 +81,7 @@ def layout_setting(argument: str | None) -> Layout:
     if raw in LAYOUTS:
         return raw  # type: ignore[return-value]
     if raw:
-        logger.warning("Ignoring %s=%r: use auto, bf16, q8_0, split or original.", LAYOUT_ENV, raw)
+        logger.warning("Ignoring %s=%r: use one of %s.", LAYOUT_ENV, raw, ", ".join(LAYOUTS))
     return "auto"
 
 
@@ -94,26 +103,29 @@ def native_bf16() -> bool:
 
 def copy_type(path: Path, layout: Layout, is_default_model: bool) -> CopyType | None:
     """The type of copy ``path`` should run as under ``layout``, or None to load it as it is."""
-    if layout == "original" or (layout == "auto" and not is_default_model):
+    if layout in ("original", "lean") or (layout in ("auto", "speed") and not is_default_model):
         return None
     if gguf_file_type(path) not in _RELAYOUT_FROM:
         return None
-    if layout == "auto":
-        return "bf16" if native_bf16() else "q8_0"
-    return "bf16" if layout == "split" else layout
+    if layout == "q8_0":
+        return "q8_0"
+    if layout in ("bf16", "split"):
+        return "bf16"
+    return "bf16" if native_bf16() else "q8_0"  # auto, speed
 
 
 def generation_copy(layout: Layout, kind: CopyType | None, *, merged: bool) -> CopyType | None:
     """The type of the copy generation runs on where it runs in a context of its own, or None
     for one context.
 
-    ``"split"``: Q8_0 beside the BF16 prompt copy. ``"auto"``, for a model with an adapter
+    ``"split"``: Q8_0 beside the BF16 prompt copy. ``"speed"``, for a model with an adapter
     merged (its tasks never apply a LoRA at run time, which two sets of weights cannot): the
     same, where BF16 is native; elsewhere its Q8_0 copy itself, in a second context, so that
-    prompts still run with flash attention (15% faster on a 511-token prompt, AMD EPYC)."""
+    prompts still run with flash attention (15% faster on a 511-token prompt, AMD EPYC).
+    ``"auto"`` keeps one copy and one context (memory first)."""
     if layout == "split" and kind == "bf16":
         return "q8_0"
-    if layout == "auto" and merged and kind is not None:
+    if layout == "speed" and merged and kind is not None:
         return "q8_0"
     return None
 
@@ -124,10 +136,10 @@ def describe_copy(layout: Layout, kind: CopyType, generation: CopyType | None = 
         return f"{describe_copy(layout, kind)}, prompts in a flash-attention context"
     if generation is not None:
         return f"{layout}: {kind.upper()} copy for prompts, {generation.upper()} copy for generation"
-    if layout != "auto":
+    if layout not in ("auto", "speed"):
         return f"{layout}: {kind.upper()} copy"
     why = "llama.cpp computes BF16 natively here" if kind == "bf16" else "no native BF16 here"
-    return f"auto: {kind.upper()} copy ({why})"
+    return f"{layout}: {kind.upper()} copy ({why})"
 
 
 def runtime_weights(
@@ -208,6 +220,17 @@ def cached_identity(source: Path, compute: Callable[[Path], str], *, cache_dir: 
     except OSError as exc:  # a read-only cache: computed again next time
         logger.debug("Identity of %s not cached: %s", source, exc)
     return identity
+
+
+def cache_usage(cache_dir: str | Path | None = None) -> tuple[int, int, Path]:
+    """The derived copies in the cache: ``(count, bytes, folder)`` (each source path and each
+    merged adapter has copies of its own; deleting the folder is safe, they are rewritten)."""
+    folder = cache_root(cache_dir) / "gguf"
+    try:
+        copies = [f for f in folder.iterdir() if f.suffix == ".gguf" and f.is_file()]
+    except OSError:
+        return 0, 0, folder
+    return len(copies), sum(f.stat().st_size for f in copies), folder
 
 
 def _path_tag(path: Path) -> str:

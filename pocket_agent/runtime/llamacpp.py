@@ -2,33 +2,38 @@
 
 The high-level ``llama_cpp.Llama`` hides what the layers above need (several sequences
 in one decode, KV-cache rollback, per-position hidden states), so this module drives
-``llama_decode`` directly with one persistent context.
+``llama_decode`` directly with one persistent context (whose KV cache grows with use:
+:mod:`._llamacpp_eval`).
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    AdapterError,
-    BackendError,
-    BackendUnavailableError,
-    ModelLoadError,
-    ModelNotFoundError,
-    ModelStateError,
-)
+from ..errors import AdapterError, BackendError, ModelLoadError, ModelStateError
 from ._cpu import cpu_flags, decide_extra_buffers, default_threads, extra_buffers_setting, note_decision
+from ._cpu_load import cpu_load
+from ._llamacpp_backend import (
+    GGUF_MAGIC,
+    check_gguf_file,
+    ensure_backend,
+    quantize_gguf,
+    read_vocab,
+    recent_errors,
+    recent_log,
+    stack_rows,
+    system_info,
+    token_text,
+)
 from ._llamacpp_context import context_params
-from ._llamacpp_eval import EvalContext
+from ._llamacpp_eval import FIRST_CELLS, EvalContext
 from ._llamacpp_lanes import LANE_CTX, LaneContext
 from ._llamacpp_states import StateReader
 from .base import (
@@ -40,65 +45,38 @@ from .base import (
     Model,
     ModelInfo,
     StatesRequest,
-    Vocabulary,
     common_prefix_length,
 )
 from .chat_template import ChatTemplate, chatml_template
 
 logger = logging.getLogger("pocket_agent.llamacpp")
 
-GGUF_MAGIC = b"GGUF"
+__all__ = ["GGUF_MAGIC", "LlamaCppModel", "quantize_gguf", "system_info"]
+
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
 DEFAULT_N_SEQ = 8
-
-_init_lock = threading.Lock()
-_backend_ready = False
-_recent_log: collections.deque[str] = collections.deque(maxlen=40)
-_log_callback: Any = None  # kept alive: llama.cpp holds a raw pointer to it
-
-
-def _llama_cpp() -> Any:
-    try:
-        import llama_cpp
-    except ImportError as exc:  # pragma: no cover - exercised only without the dependency
-        raise BackendUnavailableError(
-            "GGUF models need llama-cpp-python: pip install 'llama-cpp-python>=0.3.36,<0.4'"
-        ) from exc
-    return llama_cpp
-
-
-def _ensure_backend() -> Any:
-    """Initialise llama.cpp once per process and route its log into ``logging``."""
-    global _backend_ready, _log_callback
-    lc = _llama_cpp()
-    with _init_lock:
-        if not _backend_ready:
-
-            @lc.llama_log_callback  # type: ignore[untyped-decorator]
-            def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-                msg = text.decode("utf-8", errors="replace")
-                _recent_log.append(msg)
-                if level == 3:
-                    logger.debug("llama.cpp error: %s", msg.rstrip())
-
-            _log_callback = _on_log
-            lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
-            lc.llama_backend_init()
-            _backend_ready = True
-    return lc
-
-
-def _recent_errors() -> str:
-    lines = [ln.strip() for ln in list(_recent_log)[-8:] if ln.strip()]
-    return "; ".join(lines[-4:])
 
 
 class LlamaCppModel(Model):
     """A GGUF model evaluated by llama.cpp on the CPU.
 
-    ``n_seq`` sequences share one unified KV cache of ``n_ctx`` cells: sequence 0 is the
-    main cache, the others hold branches for :meth:`eval_branches`.
+    ``n_seq`` sequences share one unified KV cache of up to ``n_ctx`` cells (grown with use):
+    sequence 0 is the main cache, the others hold branches for :meth:`eval_branches`.
+
+    ``generation_weights``: a second GGUF of the same model (same architecture and
+    vocabulary; ``layout="split"`` passes its Q8_0 copy) on which generation runs: prompts
+    (``prefill``) are evaluated on ``path``'s weights, their keys and values move to a
+    second context on these weights, and every later evaluation (sampled and forced
+    tokens, branches) runs there. A one-token step reads every weight once, so fewer
+    bytes per weight make it faster, while a prompt is bound by arithmetic, where BF16 is
+    fastest on CPUs with AVX512-BF16 (:mod:`pocket_agent.runtime.layout`). Prompts are
+    then evaluated with flash attention, 1.2x faster on a 500-token prompt and, for
+    batches of two or more tokens, the same logits on any thread count; generation keeps
+    ``flash_attn``. LoRA adapters cannot be applied at run time to such a model (merge
+    them: ``merge_adapter``). ``generation_weights`` naming ``path`` itself keeps one set of
+    weights with two contexts: prompts with flash attention, generation without (LoRAs
+    then apply to both).
     """
 
     backend = "llamacpp"
@@ -130,24 +108,14 @@ class LlamaCppModel(Model):
         environment variable ``POCKET_AGENT_EXTRA_BUFFERS`` (``1``/``0``/``auto``) sets it
         for every load.
 
-        ``generation_weights``: a second GGUF of the same model (same architecture and
-        vocabulary; ``layout="split"`` passes its Q8_0 copy) on which generation runs: prompts
-        (``prefill``) are evaluated on ``path``'s weights, their keys and values move to a
-        second context on these weights, and every later evaluation (sampled and forced
-        tokens, branches) runs there. A one-token step reads every weight once, so fewer
-        bytes per weight make it faster, while a prompt is bound by arithmetic, where BF16 is
-        fastest on CPUs with AVX512-BF16 (:mod:`pocket_agent.runtime.layout`). Prompts are
-        then evaluated with flash attention, 1.2x faster on a 500-token prompt and, for
-        batches of two or more tokens, the same logits on any thread count; generation keeps
-        ``flash_attn``. LoRA adapters cannot be applied at run time to such a model (merge
-        them: ``merge_adapter``). ``generation_weights`` naming ``path`` itself keeps one set of
-        weights with two contexts: prompts with flash attention, generation without (LoRAs
-        then apply to both).
+        ``generation_weights``: a second GGUF of the same model on which generation runs in a
+        context of its own (see the class doc).
         """
         super().__init__()
         p = Path(path)
-        _check_gguf_file(p)
-        lc = _ensure_backend()
+        check_gguf_file(p)
+        cpu_load().mark()  # the first evaluation asks what else ran while the model loaded
+        lc = ensure_backend()
         self._lc = lc
         self._model: Any = None
         self._main: EvalContext | None = None
@@ -163,14 +131,7 @@ class LlamaCppModel(Model):
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = 0
         mparams.use_extra_bufts = buffers.use_extra_buffers
-        _recent_log.clear()
-        model = lc.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
-        if not model:
-            raise ModelLoadError(
-                f"llama.cpp could not load {p}: the file is not a valid GGUF model "
-                f"(corrupt, truncated or an unsupported architecture). llama.cpp said: {_recent_errors()}"
-            )
-        self._model = model
+        self._model = model = self._load_weights(p, mparams)
         self._vocab_ptr = lc.llama_model_get_vocab(model)
         n_ctx_train = int(lc.llama_model_n_ctx_train(model))
         if n_ctx is None:
@@ -186,16 +147,40 @@ class LlamaCppModel(Model):
         # on the thread count (by up to ~0.8 measured): the count stays fixed there.
         self._adaptive_threads = adaptive_threads and not flash_attn
         self._threads = threads
-        n_vocab_logits = int(lc.llama_vocab_n_tokens(self._vocab_ptr))
-        self._n_vocab_logits = n_vocab_logits
+        self._n_vocab_logits = int(lc.llama_vocab_n_tokens(self._vocab_ptr))
         self._n_embd = int(lc.llama_model_n_embd(model))
         self._n_layer = int(lc.llama_model_n_layer(model))
+        self._open_contexts(p, n_ctx, mparams, generation_weights)
+        self.vocab = read_vocab(lc, self._vocab_ptr)
+        self.capabilities = Capabilities(
+            multi_sequence=self._n_seq > 1, hidden_states=True, lora=True, layer_states=self._n_layer > 1
+        )
+        self.info = self._describe(p, n_ctx, n_ctx_train, buffers.reason)
+        tmpl = self._read_chat_template()
+        self._chat_template = tmpl
+        self.info = ModelInfo(**{**self.info.__dict__, "chat_template_source": tmpl.source})
+
+    def _load_weights(self, p: Path, mparams: Any) -> Any:
+        """The llama.cpp model of the GGUF at ``p`` (its weights memory-mapped)."""
+        recent_log.clear()
+        model = self._lc.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {p}: the file is not a valid GGUF model "
+                f"(corrupt, truncated or an unsupported architecture). llama.cpp said: {recent_errors()}"
+            )
+        return model
+
+    def _open_contexts(
+        self, p: Path, n_ctx: int, mparams: Any, generation_weights: str | os.PathLike[str] | None
+    ) -> None:
+        """The main context, and where generation runs in a context of its own, that one."""
         try:
             # split weights evaluate prompts with flash attention (see generation_weights)
-            self._main = self._context(model, n_ctx, self._flash_attn or generation_weights is not None)
+            self._main = self._context(self._model, n_ctx, self._flash_attn or generation_weights is not None)
             self._gen = self._main
             if generation_weights is not None and Path(generation_weights).resolve() == p.resolve():
-                self._gen = self._context(model, n_ctx, self._flash_attn)  # same weights, another context
+                self._gen = self._context(self._model, n_ctx, self._flash_attn)  # same weights, another context
             elif generation_weights is not None:
                 self._gen = self._generation_context(Path(generation_weights), mparams, n_ctx)
         except BackendError as exc:
@@ -204,19 +189,19 @@ class LlamaCppModel(Model):
         except Exception:
             self._close()
             raise
-        ctx = self._main.ctx
 
-        self.vocab = self._read_vocab()
-        self.capabilities = Capabilities(
-            multi_sequence=self._n_seq > 1, hidden_states=True, lora=True, layer_states=self._n_layer > 1
-        )
-        self.info = ModelInfo(
+    def _describe(self, p: Path, n_ctx: int, n_ctx_train: int, buffers: str) -> ModelInfo:
+        """The model's :class:`ModelInfo` (its chat template filled in afterwards)."""
+        main = self._main
+        assert main is not None
+        threads = self._threads
+        return ModelInfo(
             backend=self.backend,
             path=p,
             name=self.metadata("general.name") or p.stem,
             architecture=self.metadata("general.architecture") or "unknown",
             n_vocab=self.vocab.size,
-            n_ctx=min(n_ctx, int(lc.llama_n_ctx(ctx))),
+            n_ctx=n_ctx,
             n_ctx_train=n_ctx_train,
             n_embd=self._n_embd,
             file_size=p.stat().st_size,
@@ -224,13 +209,22 @@ class LlamaCppModel(Model):
             extra={
                 "threads": f"{threads} (adaptive)" if self._adaptive_threads else str(threads),
                 "quantization": self._file_type(),
-                "extra buffers": buffers.reason,
+                "extra buffers": buffers,
+                "kv cache": f"{main.capacity} of {n_ctx} cells allocated, grown as prompts need more"
+                + (f" ({self._kv_cell_bytes() / 1024:.0f} KB per cell)" if self._kv_cell_bytes() else ""),
             },
             n_layer=self._n_layer,
         )
-        tmpl = self._read_chat_template()
-        self._chat_template = tmpl
-        self.info = ModelInfo(**{**self.info.__dict__, "chat_template_source": tmpl.source})
+
+    def _kv_cell_bytes(self) -> int:
+        """Bytes one KV cell takes (keys and values, F16, every layer), from the metadata; 0 if unknown."""
+        arch = self.metadata("general.architecture") or ""
+        try:
+            heads = int(self.metadata(f"{arch}.attention.head_count") or 0)
+            kv_heads = int(self.metadata(f"{arch}.attention.head_count_kv") or heads)
+        except ValueError:
+            return 0
+        return 2 * 2 * self._n_layer * kv_heads * (self._n_embd // heads) if heads else 0
 
     # -- metadata ----------------------------------------------------------------------
 
@@ -254,41 +248,11 @@ class LlamaCppModel(Model):
 
     def _read_chat_template(self) -> ChatTemplate:
         raw = self.metadata("tokenizer.chat_template")
-        bos = _token_text(self.vocab, self.vocab.bos_id)
-        eos = _token_text(self.vocab, self.vocab.eos_ids[0] if self.vocab.eos_ids else None)
+        bos = token_text(self.vocab, self.vocab.bos_id)
+        eos = token_text(self.vocab, self.vocab.eos_ids[0] if self.vocab.eos_ids else None)
         if raw:
             return ChatTemplate(raw, source="gguf:tokenizer.chat_template", bos_token=bos, eos_token=eos)
         return chatml_template(bos_token=bos)
-
-    def _read_vocab(self) -> Vocabulary:
-        lc = self._lc
-        vp = self._vocab_ptr
-        n = int(lc.llama_vocab_n_tokens(vp))
-        buf = ctypes.create_string_buffer(1024)
-        pieces: list[bytes] = []
-        special: set[int] = set()
-        eog: list[int] = []
-        control = lc.LLAMA_TOKEN_ATTR_CONTROL
-        user_defined = lc.LLAMA_TOKEN_ATTR_USER_DEFINED
-        for tok in range(n):
-            k = lc.llama_token_to_piece(vp, tok, buf, 1024, 0, True)
-            piece = buf.raw[:k] if k > 0 else b""
-            pieces.append(piece)
-            attr = lc.llama_vocab_get_attr(vp, tok)
-            if attr & control or (attr & user_defined and piece.startswith(b"<") and piece.endswith(b">")):
-                special.add(tok)
-            if lc.llama_vocab_is_eog(vp, tok):
-                eog.append(tok)
-        eos = int(lc.llama_vocab_eos(vp))
-        eos_ids = ([eos] if eos >= 0 else []) + [t for t in eog if t != eos]
-        bos = int(lc.llama_vocab_bos(vp))
-        return Vocabulary(
-            token_bytes=tuple(pieces),
-            special_ids=frozenset(special),
-            eos_ids=tuple(eos_ids),
-            bos_id=bos if bos >= 0 else None,
-            add_bos=bool(lc.llama_vocab_get_add_bos(vp)),
-        )
 
     @property
     def chat_template(self) -> ChatTemplate:
@@ -318,33 +282,37 @@ class LlamaCppModel(Model):
     # -- contexts --------------------------------------------------------------------------
 
     def _context(self, model: Any, n_ctx: int, flash_attn: bool) -> EvalContext:
-        cparams = context_params(
-            self._lc,
-            n_ctx=n_ctx,
-            n_batch=self._n_batch,
-            n_seq=self._n_seq,
-            threads=self._threads,
-            flash_attn=flash_attn,
-        )
+        def params(cells: int) -> Any:
+            return context_params(
+                self._lc,
+                n_ctx=cells,
+                n_batch=self._n_batch,
+                n_seq=self._n_seq,
+                threads=self._threads,
+                flash_attn=flash_attn,
+            )
+
         return EvalContext(
             self._lc,
             model,
-            cparams,
+            params,
+            n_ctx=n_ctx,
             threads=self._threads,
             adaptive_threads=self._adaptive_threads,
             n_vocab=self._n_vocab_logits,
             n_embd=self._n_embd,
-            recent_errors=_recent_errors,
+            recent_errors=recent_errors,
+            first_cells=max(FIRST_CELLS, self._n_batch),  # a batch always fits
         )
 
     def _generation_context(self, path: Path, mparams: Any, n_ctx: int) -> EvalContext:
         """A context on the generation weights at ``path`` (see ``__init__``), checked to be the same model."""
         lc = self._lc
-        _check_gguf_file(path)
-        _recent_log.clear()
+        check_gguf_file(path)
+        recent_log.clear()
         gen_model = lc.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
         if not gen_model:
-            raise ModelLoadError(f"llama.cpp could not load the generation weights {path}: {_recent_errors()}")
+            raise ModelLoadError(f"llama.cpp could not load the generation weights {path}: {recent_errors()}")
         self._gen_model = gen_model
         shape = (
             int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(gen_model))),
@@ -406,6 +374,7 @@ class LlamaCppModel(Model):
 
     def _eval_on(self, c: EvalContext, tokens: list[int], start: int, positions: list[int], hidden: bool) -> EvalOutput:
         """Evaluate ``tokens`` on ``c`` at positions from ``start``; rows at ``positions`` (indices into ``tokens``)."""
+        c.reserve(start + len(tokens))
         c.set_embeddings(hidden)
         wanted = set(positions)
         rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
@@ -423,7 +392,7 @@ class LlamaCppModel(Model):
             for j in range(len(chunk)):
                 if (c0 + j) in wanted:
                     rows[c0 + j] = c.read_row(j, hidden)
-        return _stack(rows, positions, hidden, self._n_vocab_logits)
+        return stack_rows(rows, positions, hidden, self._n_vocab_logits)
 
     def _eval_branches(self, branches: list[list[int]], hidden: bool) -> list[EvalOutput]:
         if self._n_seq < 2:
@@ -445,6 +414,7 @@ class LlamaCppModel(Model):
             group.append(br)
             size += len(br)
         groups.append(group)
+        gen.reserve(base + max(sum(len(br) for br in grp) for grp in groups))
         for grp in groups:
             items: list[tuple[int, int, int, bool]] = []
             spans = []
@@ -457,7 +427,7 @@ class LlamaCppModel(Model):
                 gen.decode(items)
                 for s0, n in spans:
                     rows = {j: gen.read_row(s0 + j, hidden) for j in range(n)}
-                    results.append(_stack(rows, list(range(n)), hidden, self._n_vocab_logits))
+                    results.append(stack_rows(rows, list(range(n)), hidden, self._n_vocab_logits))
             finally:
                 for k in range(len(grp)):
                     gen.remove(k + 1, -1)
@@ -546,6 +516,7 @@ class LlamaCppModel(Model):
                 n_batch=self._n_batch,
                 threads=self._threads,
                 n_embd=self._n_embd,
+                adaptive_threads=self._adaptive_threads,
             )
         return self._states.read(requests, layer, loras)
 
@@ -564,10 +535,10 @@ class LlamaCppModel(Model):
                 f"which apply no LoRA at run time; {path.name} cannot be loaded on it. Merge an extraction "
                 "adapter into the weights (load_model(merge_adapter=...)) or load the model with layout='bf16'."
             )
-        _recent_log.clear()
+        recent_log.clear()
         handle = self._lc.llama_adapter_lora_init(self._model, str(path).encode("utf-8"))
         if not handle:
-            raise AdapterError(f"llama.cpp rejected the LoRA adapter {path}: {_recent_errors()}")
+            raise AdapterError(f"llama.cpp rejected the LoRA adapter {path}: {recent_errors()}")
         return handle
 
     def _apply_loras(self) -> None:
@@ -579,7 +550,7 @@ class LlamaCppModel(Model):
         scales = (ctypes.c_float * max(n, 1))(*[a.scale for a in active])
         main, gen = self._contexts()
         for c in (main, gen) if gen is not main else (main,):
-            rc = lc.llama_set_adapters_lora(c.ctx, arr if n else None, n, scales if n else None)
+            rc = c.set_loras(arr, scales, n)  # kept: a context that grows applies them again
             if rc != 0:
                 raise AdapterError(f"llama.cpp could not apply the LoRA adapters (code {rc}).")
         # the KV cache is forgotten before the next evaluation if its weights differ (base)
@@ -616,55 +587,3 @@ class LlamaCppModel(Model):
             self.close()
         except Exception:  # noqa: S110 - never raise from a finalizer
             pass
-
-
-def _stack(
-    rows: dict[int, tuple[np.ndarray, np.ndarray | None]], positions: list[int], hidden: bool, n_vocab: int
-) -> EvalOutput:
-    if len(positions) == 1:  # a decode step: the row read is already a fresh copy, no second one
-        logits = rows[positions[0]][0].astype(np.float32, copy=False)[None, :]
-    elif positions:
-        logits = np.stack([rows[p][0] for p in positions]).astype(np.float32, copy=False)
-    else:
-        logits = np.zeros((0, n_vocab), dtype=np.float32)
-    hid = None
-    if hidden and positions:
-        hid = np.stack([h for p in positions if (h := rows[p][1]) is not None]).astype(np.float32, copy=False)
-    return EvalOutput(logits=logits, positions=list(positions), hidden=hid)
-
-
-def _token_text(vocab: Vocabulary, tok: int | None) -> str:
-    if tok is None:
-        return ""
-    return vocab.token_bytes[tok].decode("utf-8", errors="replace")
-
-
-def _check_gguf_file(p: Path) -> None:
-    if not p.exists():
-        raise ModelNotFoundError(f"Model file not found: {p}")
-    if not p.is_file():
-        raise ModelNotFoundError(f"{p} is not a file; a GGUF model is a single .gguf file.")
-    with p.open("rb") as f:
-        head = f.read(4)
-    if head != GGUF_MAGIC:
-        raise ModelLoadError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes).")
-
-
-def quantize_gguf(source: Path, target: Path, *, file_type: int, threads: int | None = None) -> None:
-    """Write ``source`` re-quantized to ``file_type`` (a ``llama_ftype``) at ``target``, with
-    llama.cpp's own quantizer; :class:`OSError` when it fails (``target`` is then removed)."""
-    lc = _ensure_backend()  # its log goes through the backend's quiet handler
-    params = lc.llama_model_quantize_default_params()
-    params.ftype = file_type
-    params.allow_requantize = True
-    params.nthread = threads or max(1, min(4, os.cpu_count() or 1))
-    rc = lc.llama_model_quantize(str(source).encode("utf-8"), str(target).encode("utf-8"), params)
-    if rc != 0 or not target.is_file():
-        target.unlink(missing_ok=True)
-        raise OSError(f"llama.cpp's quantizer returned {rc}: {_recent_errors()}")
-
-
-def system_info() -> str:
-    """llama.cpp's system info string (the CPU features its build uses)."""
-    raw = _llama_cpp().llama_print_system_info()
-    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)

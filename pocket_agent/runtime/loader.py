@@ -5,7 +5,8 @@ holds it) goes to MNN; a Hugging Face checkpoint folder goes to transformers (th
 ``train`` extra), which also loads a GGUF when asked with ``backend="transformers"``.
 Without a source, ``POCKET_AGENT_MODEL`` is used, else the
 embedded default model. :func:`get_default_model` keeps one process-wide model that
-``extract``/``Agent``/``decide`` share.
+``extract``/``Agent``/``decide`` share (each switching its adapter on at run time); only the
+``"speed"`` and ``"split"`` layouts give extraction a second model with its adapter merged.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from ..errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from .base import Model
 from .default_model import default_model_path
 from .layout import (
+    SEPARATE_EXTRACTION,
     CopyType,
+    Layout,
     cached_identity,
     describe_copy,
     generation_copy,
@@ -138,11 +141,12 @@ def load_model(
         n_ctx: context window in tokens (default: the model's, capped at 4096).
         layout: the weight layout a GGUF runs in on llama.cpp (see
             :mod:`pocket_agent.runtime.layout`): ``"auto"`` (default) runs the embedded
-            default model (Q4_1) from a copy written once to the cache, BF16 where llama.cpp
+            default model (Q4_1) from one copy written once to the cache, BF16 where llama.cpp
             computes BF16 natively (AVX512-BF16), else Q8_0, which evaluates prompts 2-2.5x
             as fast as Q4_1 with the same model within rounding; ``"bf16"`` / ``"q8_0"`` do
-            that for any 4/5-bit GGUF; ``"original"`` loads files as they are. Default:
-            ``$POCKET_AGENT_LAYOUT``, else ``"auto"``.
+            that for any 4/5-bit GGUF; ``"lean"``/``"original"`` loads files as they are (least
+            memory); ``"speed"``: ``"auto"``, a merged model splitting prompts and generation;
+            ``"split"``: prompts on a BF16, generation on a Q8_0 copy. Default: ``$POCKET_AGENT_LAYOUT``.
         merge_adapter: ``"extract"`` (the extraction LoRA shipped for this model) or the path
             of an extraction LoRA (GGUF, ``pocket-agent tune extract``), merged into the weights
             of the copy the model runs from (written once, cached; llama.cpp only). Extraction
@@ -151,7 +155,8 @@ def load_model(
             ``Agent`` and ``decide`` refuse it (their adapters need the base weights). With
             ``"extract"`` and nothing to merge (no adapter shipped for the model, a layout that
             writes no copy) the model loads as usual and ``extract`` applies the adapter at
-            run time. ``extract(model=None)`` uses the default model loaded this way.
+            run time. ``extract(model=None)`` uses the default model loaded this way under the
+            ``"speed"`` and ``"split"`` layouts only.
         backend_options: passed to the backend (``n_batch``, ``n_seq``, ``flash_attn``,
             ``extra_buffers`` and ``adaptive_threads`` for llama.cpp; ``memory``, ``precision``, ``config`` and
             ``adaptive_threads`` for MNN).
@@ -180,34 +185,7 @@ def load_model(
         raise InvalidInputError(f"{path} is a {detected} model; it cannot be loaded with backend={chosen!r}.")
     model: Model
     if chosen == "llamacpp":
-        from .llamacpp import LlamaCppModel
-
-        plan = None
-        kind: CopyType | None
-        lora: Path | None = None
-        if merge_adapter is not None:
-            plan = merge_plan(target, merge_adapter, chosen_layout, lambda: _source_identity(target))
-        if plan is not None:
-            weights, kind, lora, task = plan
-            merged = {MERGED_TASK: task, MERGED_ADAPTER: str(lora)}
-        else:
-            weights, kind = runtime_weights(target, chosen_layout, is_default_model=_is_default_model(target))
-            merged = {}
-        gen_kind = generation_copy(chosen_layout, kind, merged=bool(merged))
-        gen_weights = _generation_weights(target, gen_kind, lora)
-        if gen_weights is None:
-            gen_kind = None
-        else:
-            backend_options = {**backend_options, "generation_weights": gen_weights}
-        model = LlamaCppModel(weights, threads=threads, n_ctx=n_ctx, **backend_options)
-        if kind is not None:  # the model is still the file the caller named; its weights run from the copy
-            described = describe_copy(chosen_layout, kind, gen_kind)
-            if merged:
-                described += f", {merged[MERGED_TASK]} adapter merged"
-            extra = {**model.info.extra, "weights": str(weights), "layout": described, **merged}
-            if gen_weights is not None:
-                extra["generation weights"] = str(gen_weights)
-            model.info = replace(model.info, path=target, extra=extra)
+        model = _load_gguf(target, chosen_layout, merge_adapter, threads=threads, n_ctx=n_ctx, **backend_options)
     elif merge_adapter is not None and merge_adapter not in MERGEABLE_TASKS:  # a task's adapter: applied at run time
         raise InvalidInputError(f"merge_adapter needs a GGUF model on llama.cpp; {chosen} applies LoRAs at run time.")
     elif chosen == "transformers":
@@ -219,6 +197,58 @@ def load_model(
 
         model = MnnModel(target, threads=threads, n_ctx=n_ctx, **backend_options)
     return model
+
+
+def _load_gguf(
+    target: Path,
+    chosen_layout: Layout,
+    merge_adapter: str | os.PathLike[str] | None,
+    *,
+    threads: int | None,
+    n_ctx: int | None,
+    **backend_options: Any,
+) -> Model:
+    """``load_model`` for a GGUF on llama.cpp: the copy (or file) its layout runs, merged or not."""
+    from .llamacpp import LlamaCppModel
+
+    plan = None
+    kind: CopyType | None
+    lora: Path | None = None
+    if merge_adapter is not None:
+        plan = merge_plan(target, merge_adapter, chosen_layout, lambda: _source_identity(target))
+    if plan is not None:
+        weights, kind, lora, task = plan
+        merged = {MERGED_TASK: task, MERGED_ADAPTER: str(lora)}
+    else:
+        weights, kind = runtime_weights(target, chosen_layout, is_default_model=_is_default_model(target))
+        merged = {}
+    gen_kind = generation_copy(chosen_layout, kind, merged=bool(merged))
+    gen_weights = _generation_weights(target, gen_kind, lora)
+    if gen_weights is None:
+        gen_kind = None
+    else:
+        backend_options = {**backend_options, "generation_weights": gen_weights}
+    model: Model = LlamaCppModel(weights, threads=threads, n_ctx=n_ctx, **backend_options)
+    if kind is None:
+        model.info = replace(model.info, extra={**model.info.extra, "layout": _as_it_is(chosen_layout, target)})
+    else:  # the model is still the file the caller named; its weights run from the copy
+        described = describe_copy(chosen_layout, kind, gen_kind)
+        if merged:
+            described += f", {merged[MERGED_TASK]} adapter merged"
+        extra = {**model.info.extra, "weights": str(weights), "layout": described, **merged}
+        if gen_weights is not None:
+            extra["generation weights"] = str(gen_weights)
+        model.info = replace(model.info, path=target, extra=extra)
+    return model
+
+
+def _as_it_is(layout: Layout, target: Path) -> str:
+    """Why a GGUF runs as it is (the ``layout`` info of a model loaded from its own file)."""
+    if layout in ("original", "lean"):
+        return f"{layout}: the file as it is (asked for)"
+    if layout in ("auto", "speed") and not _is_default_model(target):
+        return f"{layout}: the file as it is (copies are made for the embedded default model only)"
+    return f"{layout}: the file as it is (not a 4/5-bit GGUF, or its copy could not be written)"
 
 
 def _generation_weights(source: Path, kind: CopyType | None, lora: Path | None) -> Path | None:
@@ -259,14 +289,16 @@ def _is_default_model(path: Path) -> bool:
 def get_default_model(task: str | None = None) -> Model:
     """The process-wide default model, loaded on first use and then reused.
 
-    ``task="extract"``: the default model for extraction, with the extraction adapter merged
-    into its weights (``load_model(merge_adapter="extract")``), a second model beside the
-    shared one; where nothing is merged (see ``load_model``), or after
-    :func:`set_default_model`, the shared model itself.
+    ``extract``, ``decide`` and ``Agent`` share it, each switching its task adapter on at run
+    time, so a process using all three holds one set of weights. ``task="extract"`` under the
+    ``"speed"`` or ``"split"`` layout (``$POCKET_AGENT_LAYOUT``) gives instead a second model
+    with the extraction adapter merged into its weights (``load_model(merge_adapter="extract")``:
+    extraction ~15-20% faster per receipt, about twice the memory); where nothing can be
+    merged there, or after :func:`set_default_model`, the shared model itself.
     """
     global _default_model
     with _default_lock:
-        if task is not None and not _user_default:
+        if task is not None and not _user_default and layout_setting(None) in SEPARATE_EXTRACTION:
             model = _task_models.get(task)
             if model is None or model.closed:
                 model = load_model(merge_adapter=task)
@@ -281,6 +313,21 @@ def get_default_model(task: str | None = None) -> Model:
         if _default_model is None or _default_model.closed:
             _default_model = load_model()
         return _default_model
+
+
+def tasks_note(layout: Layout | None = None) -> str:
+    """How the default model's tasks run under ``layout`` (default: the one in effect), for
+    ``pocket-agent info``."""
+    chosen = layout_setting(layout)
+    if chosen in SEPARATE_EXTRACTION:
+        return (
+            f"extract(model=None) on a second model with the extraction adapter merged (layout {chosen!r}); "
+            "decide and Agent on this one, their adapters switched at run time"
+        )
+    return (
+        "extract, decide and Agent share these weights, each task's adapter switched on at run time "
+        "(POCKET_AGENT_LAYOUT=speed: a second, merged model for extraction, faster, about twice the memory)"
+    )
 
 
 def set_default_model(model: Model | None) -> None:
