@@ -528,30 +528,29 @@ class ExtractOutcome(Generic[T]):
 
 
 class _Progress:
+    """Documents done, failed and per second: a tqdm bar on stderr when ``enabled`` (nothing
+    is drawn, and tqdm is not imported, otherwise)."""
+
     def __init__(self, total: int | None, enabled: bool) -> None:
         self.total = total
-        self.enabled = enabled
         self.done = 0
         self.failed = 0
-        self.t0 = time.perf_counter()
+        self._bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="doc", file=sys.stderr, dynamic_ncols=True, postfix="0 failed")
 
     def update(self, ok: bool) -> None:
         self.done += 1
         self.failed += 0 if ok else 1
-        if not self.enabled:
-            return
-        rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
-        total = f"/{self.total}" if self.total is not None else ""
-        bar = ""
-        if self.total:
-            filled = int(30 * self.done / self.total)
-            bar = "[" + "#" * filled + "-" * (30 - filled) + "] "
-        sys.stderr.write(f"\r{bar}{self.done}{total} docs, {self.failed} failed, {rate:.2f} docs/s")
-        sys.stderr.flush()
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{self.failed} failed", refresh=False)
+            self._bar.update(1)
 
     def close(self) -> None:
-        if self.enabled and self.done:
-            sys.stderr.write("\n")
+        if self._bar is not None:
+            self._bar.close()
 
 
 @overload

@@ -14,7 +14,7 @@ from pocket_agent.convert._default import (
     ensure_default_mnn,
     sha256_file,
 )
-from pocket_agent.convert._merge import merge_lora
+from pocket_agent.convert._merge import merge_lora, peft_lora_to_gguf
 from pocket_agent.convert._mnn import (
     INSTALL_HINT,
     SUPPORTED_GGUF_ARCHITECTURES,
@@ -45,6 +45,7 @@ __all__ = [
     "main_convert",
     "merge_lora",
     "missing_convert_modules",
+    "peft_lora_to_gguf",
     "read_chat_template_from_hf",
     "read_gguf_metadata",
     "sha256_file",

@@ -1,4 +1,4 @@
-"""Merge a GGUF LoRA into a Hugging Face checkpoint's weights.
+"""Merge a GGUF LoRA (or a PEFT adapter folder) into a Hugging Face checkpoint's weights.
 
 For a backend that cannot apply our LoRAs at run time: MNN takes only its own split LoRA
 format, whose export leaves out ``v_proj`` (which the shipped extraction adapter adapts).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from pocket_agent.errors import AdapterError, ConversionError
+from pocket_agent.runtime.gguf_meta import is_gguf_file, read_gguf_metadata
+from pocket_agent.runtime.peft_lora import PERMUTED_QK_ARCHITECTURES, head_counts, is_peft_adapter, peft_to_gguf
 
 _SOURCE_FILE = "pocket_agent_source.json"  # written by the GGUF -> transformers step
 
@@ -35,7 +38,12 @@ def _architecture(checkpoint: Path, config: dict[str, Any]) -> str:
 
 
 def _read_lora(checkpoint: Path, config: dict[str, Any], lora: Path, shapes: dict[str, tuple[int, ...]]) -> Any:
-    """The LoRA's factors, checked against the checkpoint's weight ``shapes``."""
+    """The LoRA's factors (a GGUF LoRA, or a PEFT folder converted to one), checked against
+    the checkpoint's weight ``shapes``."""
+    if is_peft_adapter(lora):
+        with tempfile.TemporaryDirectory(prefix="pocket-agent-peft-") as tmp:
+            converted = peft_lora_to_gguf(lora, checkpoint, Path(tmp) / "adapter.gguf")
+            return _read_lora(checkpoint, config, converted, shapes)
     from pocket_agent.runtime._hf_lora import read_gguf_lora
 
     def module(qualified: str) -> Any:
@@ -56,6 +64,41 @@ def _read_lora(checkpoint: Path, config: dict[str, Any], lora: Path, shapes: dic
     )
 
 
+def peft_lora_to_gguf(adapter: str | Path, base: str | Path, output: str | Path) -> Path:
+    """Write a LoRA trained with PEFT as a GGUF LoRA that llama.cpp applies at run time.
+
+    Args:
+        adapter: the folder ``PeftModel.save_pretrained`` wrote (``adapter_config.json``,
+            ``adapter_model.safetensors``): LoRA on the attention and MLP projections.
+        base: the model it is for, a GGUF file or a Hugging Face folder; its architecture
+            and attention heads decide the tensor layout (q/k rows permuted for llama).
+        output: the ``.gguf`` file to write.
+
+    Returns:
+        ``output``. ``model.load_lora(adapter)`` converts the same way as it loads, so the
+        file is needed only to ship the adapter or to merge it elsewhere.
+
+    Raises:
+        AdapterError: the folder is not a PEFT LoRA that llama.cpp can apply (DoRA, biases,
+            embeddings...) or ``base`` says nothing usable about its architecture.
+    """
+    src = Path(base).expanduser()
+    if is_gguf_file(src):
+        arch = read_gguf_metadata(src, ["general.architecture"]).get("general.architecture")
+    elif (src / "config.json").is_file():
+        arch = _architecture(src, json.loads((src / "config.json").read_text(encoding="utf-8")))
+    else:
+        raise AdapterError(f"{src} is neither a GGUF model nor a Hugging Face folder (config.json).")
+    if not isinstance(arch, str) or not arch:
+        raise AdapterError(f"{src} does not name its architecture.")
+    n_head = n_head_kv = 0
+    if arch in PERMUTED_QK_ARCHITECTURES:
+        n_head, n_head_kv = head_counts(src, arch)
+    out = Path(output).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return peft_to_gguf(adapter, out, architecture=arch, n_head=n_head, n_head_kv=n_head_kv)
+
+
 def _header_shapes(shards: list[Path]) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
@@ -68,7 +111,7 @@ def _header_shapes(shards: list[Path]) -> dict[str, tuple[int, ...]]:
 
 
 def lora_modules(checkpoint: str | Path, lora: str | Path) -> list[str]:
-    """The linear layers a GGUF LoRA changes in ``checkpoint``, as Hugging Face module paths
+    """The linear layers a GGUF LoRA (or PEFT folder) changes in ``checkpoint``, as Hugging Face module paths
     below ``model.layers`` (``"20.self_attn.v_proj"``), in layer order.
 
     Raises:
@@ -89,7 +132,8 @@ def merge_lora(checkpoint: str | Path, lora: str | Path, output_dir: str | Path,
     Args:
         checkpoint: a Hugging Face folder (``config.json`` and ``*.safetensors``), e.g. from
             :func:`pocket_agent.convert.hf_checkpoint`.
-        lora: a GGUF LoRA file for the same architecture and shapes.
+        lora: a GGUF LoRA file for the same architecture and shapes, or a PEFT adapter
+            folder (converted with :func:`peft_lora_to_gguf` first).
         output_dir: a folder that does not exist yet.
         scale: the adapter's scale, as ``load_lora(path, scale=...)`` takes it.
 

@@ -37,6 +37,7 @@ from pocket_agent.convert._merge import lora_modules, merge_lora
 from pocket_agent.errors import ConversionError, InvalidInputError, PocketAgentError
 from pocket_agent.runtime._files import OFFLINE_ENV, log_tail, missing_modules
 from pocket_agent.runtime.gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
+from pocket_agent.runtime.peft_lora import is_peft_adapter
 
 INSTALL_HINT = "pip install 'pocket-agent-mnn[convert]'"
 
@@ -399,7 +400,7 @@ def convert_to_mnn(
             8 keeps small models' answers intact at 4-bit bodies (see the README).
         overwrite: replace an existing build in ``output_dir`` (only build files are touched).
         timeout: seconds allowed for each subprocess step, ``None`` for no limit.
-        lora: a GGUF LoRA (e.g. from ``pocket-agent tune``) to merge into the weights
+        lora: a GGUF LoRA (e.g. from ``pocket-agent tune``) or a PEFT adapter folder to merge into the weights
             before quantising (:func:`pocket_agent.convert.merge_lora`); MNN cannot apply
             it at run time. Its changes are small against 4-bit steps: use ``quant_bit=8``
             (per channel, ``quant_block=0``, kept SmolLM2's extraction adapter whole where
@@ -433,8 +434,8 @@ def convert_to_mnn(
     ):
         raise InvalidInputError(f"quant_block must be 0, a power of two or None, got {quant_block!r}")
 
-    if lora is not None and not Path(lora).is_file():
-        raise InvalidInputError(f"LoRA file not found: {lora}")
+    if lora is not None and not Path(lora).is_file() and not is_peft_adapter(lora):
+        raise InvalidInputError(f"LoRA file not found: {lora} (a GGUF LoRA, or a PEFT adapter folder)")
     src = Path(source).expanduser().resolve()
     out = Path(output_dir).expanduser().resolve()
     kind, template = _inspect_source(src)

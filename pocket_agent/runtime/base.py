@@ -509,6 +509,15 @@ class Model(abc.ABC):
         if not self.capabilities.lora:
             raise AdapterError(f"The {self.backend} backend does not support LoRA adapters.")
         p = Path(path)
+        from .peft_lora import is_peft_adapter, peft_as_gguf
+
+        if is_peft_adapter(p):  # a folder saved by PEFT: converted to a GGUF LoRA, loaded, removed
+            with peft_as_gguf(self, p) as converted:
+                try:
+                    handle = self._load_lora(converted)
+                except AdapterError as exc:
+                    raise AdapterError(f"The PEFT adapter {p} does not load: {exc}") from exc
+            return LoraAdapter(path=p, scale=float(scale), handle=handle)
         if not p.is_file():
             raise AdapterError(f"LoRA adapter file not found: {p}")
         self._check_lora_base(p)
@@ -546,7 +555,11 @@ class Model(abc.ABC):
 
     @_locked
     def load_lora(self, path: str | Path, *, scale: float = 1.0) -> LoraAdapter:
-        """Load a LoRA adapter (GGUF for llama.cpp, .mnn for MNN) and apply it at ``scale``."""
+        """Load a LoRA adapter (GGUF for llama.cpp, .mnn for MNN) and apply it at ``scale``.
+
+        ``path`` may also be a folder saved by PEFT (``adapter_config.json`` and
+        ``adapter_model.safetensors``) on the llama.cpp and Transformers backends: it is
+        converted to a GGUF LoRA as it loads (:mod:`pocket_agent.runtime.peft_lora`)."""
         adapter = self._new_lora(path, scale)
         self._loras.append(adapter)
         self._apply_loras()

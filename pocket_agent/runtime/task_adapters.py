@@ -27,11 +27,12 @@ from .base import LORA_BASE_KEY, LoraAdapter, Model
 from .gguf_meta import GGUFFormatError, is_gguf_file, read_gguf_metadata
 from .identity import model_identity
 from .merged import check_merged_choice, merged_task
+from .peft_lora import is_peft_adapter
 
 TASK_KEY = "pocket_agent.task"
 AdapterChoice = str | os.PathLike[str] | Literal["auto"] | None
 """How a task picks its adapter: ``"auto"`` (the one shipped for the model, if any), a LoRA
-file's path, or ``None`` (the base model)."""
+file's path (or a PEFT adapter folder's), or ``None`` (the base model)."""
 
 GGUF_LORA_BACKENDS = ("llamacpp", "transformers")
 NO_DEFAULT_ENV = "POCKET_AGENT_NO_DEFAULT_ADAPTER"
@@ -52,8 +53,11 @@ def shipped_adapters() -> list[Path]:
 
 
 def adapter_record(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The ``pocket_agent.*`` metadata of a GGUF LoRA (task, base model, data, scores...)."""
+    """The ``pocket_agent.*`` metadata of a GGUF LoRA (task, base model, data, scores...);
+    empty for a PEFT adapter folder, which records none."""
     p = Path(path)
+    if is_peft_adapter(p):
+        return {}
     if not is_gguf_file(p):
         raise AdapterError(f"{p} is not a GGUF file.")
     try:
@@ -138,8 +142,8 @@ def _resolve(model: Model, choice: AdapterChoice, task: str) -> Path | object | 
             return _LEAVE  # the caller applied LoRAs of their own: leave the weights as they set them
         return find_shipped_adapter(model, task)
     path = Path(choice)
-    if not path.is_file():
-        raise AdapterError(f"LoRA adapter file not found: {path}")
+    if not path.is_file() and not is_peft_adapter(path):
+        raise AdapterError(f"LoRA adapter file not found: {path} (a GGUF LoRA, or a PEFT adapter folder)")
     return path
 
 

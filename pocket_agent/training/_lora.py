@@ -1,13 +1,30 @@
-"""LoRA layers for a Hugging Face causal LM, and their export to a GGUF LoRA file.
+"""LoRA layers for a Hugging Face causal LM (PEFT's), and their export to a GGUF LoRA file.
 
-The layers are our own (a frozen ``nn.Linear`` plus ``B @ A`` scaled by ``alpha / rank``)
-rather than peft's: they are a few lines, and the export must name every tensor the way
-llama.cpp expects (``blk.N.<name>.weight.lora_a`` / ``.lora_b``).
+The layers are PEFT's (``inject_adapter_in_model``: a frozen ``nn.Linear`` plus
+``lora_B(lora_A(x)) * alpha / rank``) since a bench showed them no slower than the
+hand-written ``LoraLinear`` they replaced (same loop, data, rank 8, seed; 1 torch thread
+on a shared 2-core Intel Xeon; seconds per optimisation step, held-out loss per answer token):
+
+- tiny Qwen3 fixture, 2 LoRA blocks, 15 steps: ours 0.268 / 0.269 s/step (median of two
+  runs), PEFT 0.259 / 0.265; held-out loss 10.77 -> 10.32 (ours), 10.77 -> 10.40 (PEFT,
+  other initial draws); steps alternated in one process: 0.169 against 0.198 median, 0.088
+  against 0.082 fastest.
+- SmolLM2-135M, 10 LoRA blocks, 80 extraction rows, 20 steps: ours 2.34 s/step median (2.38
+  mean), PEFT 2.39 (2.28); held-out loss 0.669 -> 0.0314 (ours), 0.669 -> 0.0315 (PEFT);
+  alternated in one process (8 x 200 tokens): 6.73 against 6.70 median, 4.51 against 4.05
+  fastest.
+
+``lora_A`` is then drawn from the seed as before (uniform in ``±1/sqrt(in)``, PEFT's own
+default distribution, block by block, target by target) and ``lora_B`` starts at zero, so a
+seed trains the same adapter as the hand-written layers did (checked: five AdamW steps on the
+tiny fixture give bit-identical losses and LoRA tensors). The export names every tensor
+the way llama.cpp expects (``blk.N.<name>.weight.lora_a`` / ``.lora_b``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,25 +47,7 @@ GGUF_NAMES = {
     "mlp.down_proj": "ffn_down",
 }
 DEFAULT_TARGETS = tuple(GGUF_NAMES)
-
-
-class LoraLinear(nn.Module):
-    """``base(x) + (x A^T B^T) * alpha / rank`` with ``base`` frozen; B starts at zero."""
-
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator) -> None:
-        super().__init__()
-        self.base = base
-        self.rank = rank
-        self.alpha = alpha
-        a = torch.empty(rank, base.in_features)
-        bound = 1.0 / math.sqrt(base.in_features)
-        a.uniform_(-bound, bound, generator=generator)
-        self.lora_a = nn.Parameter(a)
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * (self.alpha / self.rank)
-        return out
+ADAPTER = "default"  # PEFT's adapter name for the one LoRA trained
 
 
 @dataclass(frozen=True)
@@ -66,53 +65,84 @@ class LoraConfig:
         return range(max(self.first_block, 0), min(last, n_layer - 1) + 1)
 
 
-def attach_lora(layers: Sequence[nn.Module], config: LoraConfig, seed: int) -> dict[str, LoraLinear]:
-    """Replace the target projections of the chosen blocks with :class:`LoraLinear`.
+def _inject(layers: nn.Module, config: LoraConfig, blocks: range) -> None:
+    """PEFT's LoRA layers on ``config.targets`` of ``blocks`` (module names ``N.self_attn.v_proj``)."""
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import inject_adapter_in_model
+    except ImportError as exc:  # pragma: no cover - the train extra brings it
+        raise ImportError("Training adapters needs peft: pip install 'pocket-agent-mnn[train]'", name="peft") from exc
+    pattern = rf"(?:{'|'.join(str(b) for b in blocks)})\.(?:{'|'.join(re.escape(t) for t in config.targets)})"
+    peft_config = PeftLoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,  # type: ignore[arg-type]  # a float works: PEFT divides it by r
+        lora_dropout=0.0,
+        target_modules=pattern,
+        bias="none",
+    )
+    inject_adapter_in_model(peft_config, layers, adapter_name=ADAPTER)
 
-    Returns the new modules by GGUF base name (``blk.N.attn_v``). Every other parameter is
-    frozen.
+
+def attach_lora(layers: Sequence[nn.Module], config: LoraConfig, seed: int) -> dict[str, nn.Module]:
+    """Put PEFT's LoRA layers on the target projections of the chosen blocks.
+
+    Returns the LoRA modules by GGUF base name (``blk.N.attn_v``). Every other parameter of
+    ``layers`` is frozen.
     """
     unknown = [t for t in config.targets if t not in GGUF_NAMES]
     if unknown:
         raise AdapterError(f"Unknown LoRA targets {unknown}; choose from {sorted(GGUF_NAMES)}.")
-    for layer in layers:
-        for p in layer.parameters():
-            p.requires_grad_(False)
-    gen = torch.Generator().manual_seed(seed)
-    added: dict[str, LoraLinear] = {}
-    for b in config.blocks(len(layers)):
+    blocks = config.blocks(len(layers))
+    for b in blocks:
         for target in config.targets:
-            parent_name, _, attr = target.rpartition(".")
-            parent = layers[b].get_submodule(parent_name)
-            base = getattr(parent, attr)
-            if isinstance(base, LoraLinear):
+            if hasattr(layers[b].get_submodule(target), "lora_A"):
                 raise AdapterError(f"Block {b} {target} already carries a LoRA.")
-            lora = LoraLinear(base, config.rank, config.alpha, gen)
-            setattr(parent, attr, lora)
-            added[f"blk.{b}.{GGUF_NAMES[target]}"] = lora
+    if not isinstance(layers, nn.Module):
+        raise AdapterError("attach_lora takes the model's layers as a torch module (an nn.ModuleList).")
+    _inject(layers, config, blocks)
+    for layer in layers:
+        for name, p in layer.named_parameters():
+            p.requires_grad_(".lora_A." in f".{name}" or ".lora_B." in f".{name}")
+    gen = torch.Generator().manual_seed(seed)
+    added: dict[str, nn.Module] = {}
+    with torch.no_grad():
+        for b in blocks:
+            for target in config.targets:
+                lora: Any = layers[b].get_submodule(target)
+                a, bmat = _factors(lora)
+                bound = 1.0 / math.sqrt(a.shape[1])
+                a.copy_(torch.empty(a.shape).uniform_(-bound, bound, generator=gen))
+                bmat.zero_()
+                added[f"blk.{b}.{GGUF_NAMES[target]}"] = lora
     return added
 
 
-def lora_parameters(loras: dict[str, LoraLinear]) -> Iterator[nn.Parameter]:
+def _factors(lora: Any) -> tuple[nn.Parameter, nn.Parameter]:
+    """``(lora_A.weight, lora_B.weight)`` of a PEFT LoRA layer: shapes ``(r, in)``, ``(out, r)``."""
+    return lora.lora_A[ADAPTER].weight, lora.lora_B[ADAPTER].weight
+
+
+def lora_parameters(loras: dict[str, nn.Module]) -> Iterator[nn.Parameter]:
     for lora in loras.values():
-        yield lora.lora_a
-        yield lora.lora_b
+        yield from _factors(lora)
 
 
-def lora_state(loras: dict[str, LoraLinear]) -> dict[str, torch.Tensor]:
+def lora_state(loras: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
     """The trainable tensors by GGUF name (a copy)."""
     out: dict[str, torch.Tensor] = {}
     for name, lora in loras.items():
-        out[f"{name}.weight.lora_a"] = lora.lora_a.detach().clone()
-        out[f"{name}.weight.lora_b"] = lora.lora_b.detach().clone()
+        a, b = _factors(lora)
+        out[f"{name}.weight.lora_a"] = a.detach().clone()
+        out[f"{name}.weight.lora_b"] = b.detach().clone()
     return out
 
 
-def load_lora_state(loras: dict[str, LoraLinear], state: dict[str, torch.Tensor]) -> None:
+def load_lora_state(loras: dict[str, nn.Module], state: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, lora in loras.items():
-            lora.lora_a.copy_(state[f"{name}.weight.lora_a"])
-            lora.lora_b.copy_(state[f"{name}.weight.lora_b"])
+            a, b = _factors(lora)
+            a.copy_(state[f"{name}.weight.lora_a"])
+            b.copy_(state[f"{name}.weight.lora_b"])
 
 
 def write_gguf_lora(
