@@ -166,11 +166,64 @@ def test_kind_options_are_what_the_text_prints() -> None:
 
 def test_amounts_and_identifiers_are_what_the_text_prints() -> None:
     text = "Invoice No: INV-2041 dated 2024-03-01. Order #A-77, 3 items, tel 555-1234. Total RM 1,234.50"
-    assert amount_options(text) == number_options(text, quantities=True)
-    assert "1234.50" in amount_options(text)
+    assert amount_options(text) == ["1234.50"]  # money: not the count, the year or the phone's digits
     ids = identifier_options(text)
     assert {"INV-2041", "#A-77"} <= set(ids)
     assert not {"2024-03-01", "3", "1,234.50", "1234.50"} & set(ids)  # dates, counts and prices are not codes
+
+
+@pytest.mark.parametrize(
+    ("text", "money"),
+    [
+        ("Call Anita back, her number is 555-0142.", []),
+        ("Pick up Lily at 5:15 PM on June 4, 2026. Table 7.", []),
+        ("Order ID: 113-4478291-5562210", []),
+        ("paid $20 at 10:30", ["20"]),
+        ("The fee is 30 euros, due in 2 weeks", ["30"]),
+        ("2x Water      4.00\nTotal EUR     28.50\nTel. 06 4567 8910", ["4.00", "28.50"]),
+        ("合计：11.50\n2026-03-04 08:12", ["11.50"]),
+        ("退款金额58.8元已到账", ["58.8"]),
+    ],
+)
+def test_money_is_a_number_printed_as_money(text: str, money: list[str]) -> None:
+    from pocket_agent.grammars.grounding import money_options
+
+    assert money_options(text) == money
+
+
+def test_numbers_may_touch_chinese_characters_not_latin_letters() -> None:
+    assert number_options("合计11.50元，共3件") == ["11.50", "3"]
+    assert number_options("code 12AB and A7") == []
+
+
+def test_an_optional_number_the_text_cannot_fill_is_null() -> None:
+    from typing import Optional
+
+    from pocket_agent.grammars import close_objects
+    from pocket_agent.runtime import ScriptedModel
+
+    class Note(BaseModel):
+        person: str
+        amount: Optional[float] = None  # noqa: UP045 (the spelling users write)
+        guests: Optional[int] = None  # noqa: UP045
+        fee: Optional[str] = None  # noqa: UP045
+
+    schema = close_objects(Note.model_json_schema())
+    model = ScriptedModel(["x"])
+
+    def grammar(doc: str) -> object:
+        return compile_grammar(Lark(grounded_grammar(schema, doc) or ""), model)
+
+    # no number at all: every optional number is null; a phone's digits are no amount or fee
+    g = grammar("Our cat knocked the plant off the windowsill again, Anna.")
+    assert g.accepts_text('{"person":"Anna","amount":null,"guests":null,"fee":null}')
+    assert not g.accepts_text('{"person":"Anna","amount":1.5,"guests":null,"fee":null}')
+    g = grammar("Call Anna back, her number is 555-0142.")
+    assert not g.accepts_text('{"person":"Anna","amount":555,"guests":null,"fee":null}')
+    assert not g.accepts_text('{"person":"Anna","amount":null,"guests":null,"fee":"555"}')
+    assert g.accepts_text('{"person":"Anna","amount":null,"guests":555,"fee":null}')  # a count may be any number
+    g = grammar("Anna paid the 30 euros fee for 4 guests.")
+    assert g.accepts_text('{"person":"Anna","amount":30,"guests":4,"fee":"30"}')
 
 
 def test_a_nullable_field_of_a_kind_the_text_never_prints_can_only_be_null() -> None:

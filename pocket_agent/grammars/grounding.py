@@ -79,8 +79,9 @@ IDENTIFIER_DIGITS = 8
 """A number printed as this many digits or more, with no separator or decimals, is read as an
 identifier (phone, barcode, account number), not a quantity."""
 _IDENTIFIER = re.compile(rf"-?\d{{{IDENTIFIER_DIGITS},}}")
-_NUMBER = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
-_QUANTITY = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])")
+# Digits may touch CJK characters (``金额58.80元``), not Latin letters or other digits.
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![A-Za-z0-9_])")
+_QUANTITY = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])")
 
 
 @dataclass(frozen=True)
@@ -347,8 +348,41 @@ def phone_options(text: str) -> list[str]:
 
 def amount_options(text: str) -> list[str]:
     """The amounts ``text`` prints, as their numbers (``RM 1,234.50`` -> ``1234.50``): what a
-    money field typed ``str`` holds, the same choices as one typed ``float``."""
-    return number_options(text, quantities=True)
+    money field typed ``str`` holds: the printed money (:func:`money_options`). A required field
+    where the text prints none holds one of its numbers instead."""
+    return money_options(text)
+
+
+_CURRENCY = (
+    r"(?i)(?<![a-z])(?:rm|usd|eur|gbp|cny|rmb|jpy|hkd|sgd|aud|cad|chf|inr|dollars?|euros?|pounds?|yuan|yen|cents?"
+    r"|bucks)(?![a-z])|[$€£¥₹]|元|块|美元|欧元|英镑|日元|人民币|港币"
+)
+_MONEY_AFTER_CUE = re.compile(_CURRENCY)
+_MONEY_BEFORE_CUE = re.compile(
+    _CURRENCY + r"|(?i:(?<![a-z])(?:total|amount|price|cost|costs|subtotal|tax|vat|gst|fee|fees|balance|paid"
+    r"|charged?|refund(?:ed)?|deposit|rent|sum)(?![a-z]))|合计|金额|总计|总额|价格|费用|总价|价钱|实收|应付|实付|税|找零|退款"
+)
+_MONEY_BEFORE, _MONEY_AFTER = 16, 10  # how far a cue may stand before / after its number, in its sentence
+_CLAUSE_END = re.compile(r"[.,;!?\n。，、；！？]")
+_CLOCK, _CLOCK_BEFORE = re.compile(r"[:：]\d"), re.compile(r"\d[:：]$")  # 10:30 is a time
+
+
+def money_options(text: str) -> list[str]:
+    """The numbers ``text`` prints as money, as JSON number texts: a number with two decimals
+    (``28.50``), or one with a money word, currency code or sign beside it in its clause (``Total
+    65``, ``$20``, ``30 euros``, ``合计：11``, ``58元``). A phone number's digits, a time, a table
+    number or a year are not money; a note that prints none has no amount to give."""
+    seen: dict[str, None] = {}
+    for m in _QUANTITY.finditer(text):
+        if _IDENTIFIER.fullmatch(m.group(0)) or _CLOCK.match(text, m.end()) or _CLOCK_BEFORE.search(text, 0, m.start()):
+            continue
+        before = text[max(0, m.start() - _MONEY_BEFORE) : m.start()]
+        before = _CLAUSE_END.split(before)[-1]
+        after = _CLAUSE_END.split(text[m.end() : m.end() + _MONEY_AFTER])[0]
+        cents = re.fullmatch(r"-?[\d,]+\.\d\d", m.group(0)) is not None
+        if cents or _MONEY_BEFORE_CUE.search(before) or _MONEY_AFTER_CUE.search(after):
+            seen.update(dict.fromkeys(number_options(m.group(0), quantities=True)))
+    return list(seen)
 
 
 _IDENT_TOKEN = re.compile(r"(?<![\w#-])#?[A-Za-z0-9][A-Za-z0-9_./-]*\d[A-Za-z0-9_./-]*|(?<![\w#-])#?\d[A-Za-z0-9_./-]*")
@@ -595,14 +629,17 @@ class _Builder:
         self.rules.append(f"{name}: " + " | ".join(self.lit(json.dumps(v, ensure_ascii=False)) for v in values))
         return name
 
-    def kind_rule(self, kind: str, node: Mapping[str, Any]) -> str | None:
+    def kind_rule(self, kind: str, node: Mapping[str, Any], *, required: bool = True) -> str | None:
         """A string of a kind (:func:`span_kind`): one of the values of that kind the text
-        prints, within the length bounds; ``None`` when it prints none."""
+        prints, within the length bounds; ``None`` when it prints none. A ``required`` amount
+        where the text prints no money is one of its printed numbers."""
         lo, hi = node.get("minLength"), node.get("maxLength")
+        text = normalize_space(self.text)
+        values = KIND_OPTIONS[kind](text)
+        if not values and kind == "amount" and required:
+            values = number_options(text, quantities=True)
         opts = [
-            v
-            for v in KIND_OPTIONS[kind](normalize_space(self.text))
-            if not (isinstance(lo, int) and len(v) < lo) and not (isinstance(hi, int) and len(v) > hi)
+            v for v in values if not (isinstance(lo, int) and len(v) < lo) and not (isinstance(hi, int) and len(v) > hi)
         ]
         return self.string_choices(kind, opts) if opts else None
 
@@ -620,6 +657,20 @@ class _Builder:
         name = self.name("num")
         self.rules.append(f"{name}: " + " | ".join(self.lit(o) for o in opts))
         return name
+
+    def unstated_number(self, node: Mapping[str, Any], key: str | None) -> bool:
+        """A number field the text cannot fill: it prints no number at all, or, for an amount
+        (:func:`span_kind`), no money (:func:`money_options`)."""
+        types = _types(node)
+        if not types or not types <= {"number", "integer"} or node.get(GROUNDED_KEY) is False:
+            return False
+        if any(k in node for k in ("enum", "const")):
+            return False
+        if not number_options(self.text, quantities=True):
+            return True
+        return span_kind(key, {"type": "string", **{k: v for k, v in node.items() if k != "type"}}) == "amount" and (
+            not money_options(self.text)
+        )
 
     # -- structure ---------------------------------------------------------------------------
 
@@ -665,13 +716,15 @@ class _Builder:
             if rule is not None:
                 self.grounded += 1
             return rule
+        if absent_ok and self.strings and self.unstated_number(node, key):
+            return ABSENT
         if is_grounded(node, strings=self.strings, numbers=self.numbers):
             types = _types(node)
             if types != {"string"}:
                 rule = self.number_rule(node) or (ABSENT if absent_ok else None)
             else:
                 kind = span_kind(key, node)
-                rule = self.kind_rule(kind, node) if kind else None
+                rule = self.kind_rule(kind, node, required=not absent_ok) if kind else None
                 if rule is None:
                     # a kind the text never prints (no e-mail address for "email") is absent; an
                     # identifier may be a word ("alice"), so it falls back to a span
