@@ -39,6 +39,7 @@ from .grounding import (
     widen_words,
 )
 from .options import Limits, Sampling, resolve_limits, resolve_sampling
+from .progress import DocumentProgress
 from .runtime import Model, branches_reliable, get_default_model, resolve_model
 from .runtime.task_adapters import AdapterChoice, check_adapter_choice, task_adapter
 
@@ -527,32 +528,6 @@ class ExtractOutcome(Generic[T]):
         return self.error is None
 
 
-class _Progress:
-    """Documents done, failed and per second: a tqdm bar on stderr when ``enabled`` (nothing
-    is drawn, and tqdm is not imported, otherwise)."""
-
-    def __init__(self, total: int | None, enabled: bool) -> None:
-        self.total = total
-        self.done = 0
-        self.failed = 0
-        self._bar: Any = None
-        if enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, unit="doc", file=sys.stderr, dynamic_ncols=True, postfix="0 failed")
-
-    def update(self, ok: bool) -> None:
-        self.done += 1
-        self.failed += 0 if ok else 1
-        if self._bar is not None:
-            self._bar.set_postfix_str(f"{self.failed} failed", refresh=False)
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 @overload
 def extract_many(
     texts: Iterable[Any],
@@ -648,7 +623,7 @@ def extract_many(
     )
     show = sys.stderr.isatty() if progress is None else progress
     total = len(texts) if isinstance(texts, Sequence) else None
-    bar = _Progress(total, show)
+    bar = DocumentProgress(total, show)
     width = 1 if p.sampling.speculate else batch_width(p.model, batch)
     with task_adapter(p.model, p.adapter, "extract"):
         try:
@@ -684,7 +659,7 @@ def _extract_batched(
     p: _Prepared,
     texts: Iterable[Any],
     width: int,
-    bar: _Progress,
+    bar: DocumentProgress,
     *,
     instructions: str | None,
     examples: Sequence[tuple[str, Any]] | None,

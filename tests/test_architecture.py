@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "_version": 0,
     "options": 1,
     "usage": 1,
+    "progress": 1,  # the documents-done bar (tqdm)
     "runtime": 2,
     "grammars": 3,
     "_cli_common": 3,  # what every subcommand shares: options, loaders, one-line errors

@@ -201,19 +201,19 @@ def test_training_progress_draws_tqdm_bars_on_a_terminal_and_lines_elsewhere() -
 
 
 def test_the_extraction_counter_writes_nothing_unless_asked(capsys: pytest.CaptureFixture[str]) -> None:
-    from pocket_agent.extraction import _Progress
+    from pocket_agent.progress import DocumentProgress
 
-    quiet = _Progress(3, False)
+    quiet = DocumentProgress(3, False)
     quiet.update(True)
     quiet.close()
     assert capsys.readouterr().err == ""
-    shown = _Progress(3, True)
+    shown = DocumentProgress(3, True, "on 2 actor(s)")
     for ok in (True, False, True):
         shown.update(ok)
     shown.close()
     assert (shown.done, shown.failed) == (3, 1)
     err = capsys.readouterr().err
-    assert "3/3" in err and "1 failed" in err and "doc" in err
+    assert "3/3" in err and "1 failed, on 2 actor(s)" in err and "doc" in err
 
 
 # -- a PEFT adapter trained here, on the runtime ------------------------------------------------

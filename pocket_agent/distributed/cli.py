@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, TextIO
 
 from .._cli_common import EXIT_FAILED, EXIT_OK, open_output, row_error, summary_line
 from ..errors import InvalidInputError
+from ..progress import DocumentProgress
 from .datasets import extract_dataset, import_ray
 
 _TEXT = "text"
@@ -57,35 +57,6 @@ def _error_row(index: int, error: str, error_type: str) -> dict[str, Any]:
     return {"index": index, "ok": False, "error": error, "error_type": error_type}
 
 
-class ProgressBar:
-    """Documents done, failed and per second on one stderr line (redrawn only on a terminal)."""
-
-    def __init__(self, total: int, stream: TextIO, actors: int) -> None:
-        self.total, self.stream, self.actors = total, stream, actors
-        self.done = self.failed = 0
-        self.t0 = time.perf_counter()
-        self.live = stream.isatty()
-
-    def line(self) -> str:
-        rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
-        filled = int(30 * self.done / self.total) if self.total else 30
-        return (
-            f"[{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total} docs, {self.failed} failed, "
-            f"{rate:.2f} docs/s on {self.actors} actor(s)"
-        )
-
-    def update(self, ok: bool) -> None:
-        self.done += 1
-        self.failed += 0 if ok else 1
-        if self.live:
-            self.stream.write("\r" + self.line())
-            self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write(("\r" if self.live else "") + self.line() + "\n")
-        self.stream.flush()
-
-
 def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
     """Run ``extract --many --ray``; exit status 1 when any document failed (the summary line says so)."""
     if not args.many:
@@ -99,7 +70,7 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"ray\.data\..*")
     try:
         ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False  # ours instead: one line counting documents
+        ctx.enable_progress_bars = False  # ours instead: one bar counting documents
         ctx.execution_options.preserve_order = True  # written in input order as they arrive
         threads = args.threads or 1
         actors = args.actors or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
@@ -107,7 +78,7 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
         if args.adapter != "auto":
             options["adapter"] = None if args.adapter.lower() == "none" else str(Path(args.adapter).resolve())
         out = open_output(args.out)
-        bar = ProgressBar(len(rows) + len(failed), sys.stderr, actors)
+        bar = DocumentProgress(len(rows) + len(failed), sys.stderr.isatty(), f"on {actors} actor(s)")
         try:
             results: Iterable[dict[str, Any]] = ()
             if rows:
@@ -141,7 +112,7 @@ def extract_many_on_ray(args: argparse.Namespace, schema: Any) -> int:
     return EXIT_FAILED if bar.failed else EXIT_OK
 
 
-def _write(out: TextIO, row: dict[str, Any], bar: ProgressBar) -> None:
+def _write(out: TextIO, row: dict[str, Any], bar: DocumentProgress) -> None:
     out.write(json.dumps(row, ensure_ascii=False) + "\n")
     out.flush()
     bar.update(bool(row["ok"]))
