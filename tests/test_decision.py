@@ -458,3 +458,15 @@ def test_cli_decide_and_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert rc == 0
     assert out_path.is_file()
     assert DecisionAdapter.read(out_path).base_model_id
+
+
+def test_decide_refuses_generation_options_it_cannot_use() -> None:
+    from pocket_agent import Limits, Sampling, decide, decide_many
+    from pocket_agent.errors import InvalidInputError
+    from pocket_agent.runtime import ScriptedModel
+
+    model = ScriptedModel(["x"])
+    with pytest.raises(InvalidInputError, match="sampling cannot apply"):
+        decide("Is it?", ["no", "yes"], model=model, sampling=Sampling(temperature=0.7))
+    with pytest.raises(InvalidInputError, match="limits cannot apply"):
+        decide_many([("Is it?", ["no", "yes"])], model=model, limits=Limits(max_tokens=4))

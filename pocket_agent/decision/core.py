@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import AdapterError, InvalidInputError, PocketAgentError
-from ..options import Limits, Sampling, resolve_limits, resolve_sampling
+from ..options import Limits, Sampling
 from ..runtime import (
     LayerStates,
     LoraAdapter,
@@ -471,9 +471,9 @@ def decide(
             at the answer position), ``"pointer"`` (a trained Dec adapter: a head scores
             the hidden state closing each option) or ``"auto"`` (``pointer`` when an
             adapter is loaded or shipped for this model, else ``cloze``).
-        sampling: the sampling options every entry point takes (checked); a decision
-            scores the options in one pass and generates nothing, so it does not change it.
-        limits: the limits every entry point takes (checked; unused, as ``sampling``).
+        sampling: refused (``InvalidInputError``) unless ``None``: a decision scores the
+            options in one pass and generates nothing, so sampling cannot apply to it.
+        limits: refused unless ``None``, as ``sampling``.
 
     Returns:
         A :class:`Decision` with ``choice``, ``index``, ``scores`` (probabilities) and
@@ -485,8 +485,7 @@ def decide(
         ContextOverflowError: the prompt with its options does not fit the context window.
         AdapterError: ``method="pointer"`` without a usable adapter.
     """
-    resolve_sampling(sampling)
-    resolve_limits(limits)
+    _refuse_generation_options(sampling, limits)
     q, opts, ctx = check_question(question, options, context)
     m = resolve_model(model)
     with m.lock:
@@ -494,6 +493,17 @@ def decide(
         item = Question(q, opts, ctx)
         raw = score_questions(m, [item], chosen, adapter, batched=False)[0]
     return _make_decision(item, raw, chosen)
+
+
+def _refuse_generation_options(sampling: Sampling | None, limits: Limits | None) -> None:
+    """``decide`` uses what it is given or refuses it: it generates nothing, so sampling and limits
+    (which every generating entry point takes) cannot apply."""
+    given = [name for name, value in (("sampling", sampling), ("limits", limits)) if value is not None]
+    if given:
+        raise InvalidInputError(
+            f"decide scores the options in one forward pass and generates nothing, so {' and '.join(given)} "
+            "cannot apply; leave it out (choose how options are scored with method=)."
+        )
 
 
 def _parse_item(i: int, raw: object) -> Question:
@@ -540,11 +550,10 @@ def decide_many(
     :func:`decide`'s by llama.cpp's batch-dependent rounding). ``letter`` questions are
     batched where the backend reproduces one-sequence results in a batch
     (:func:`branches_reliable`). ``cloze`` batches the options of each question.
-    ``batched=False`` forces the sequential path everywhere. ``sampling`` and ``limits``
-    as in :func:`decide`.
+    ``batched=False`` forces the sequential path everywhere. ``sampling`` and ``limits`` are
+    refused, as by :func:`decide`.
     """
-    resolve_sampling(sampling)
-    resolve_limits(limits)
+    _refuse_generation_options(sampling, limits)
     if isinstance(items, (str, bytes, Mapping)):
         raise InvalidInputError("items must be a list of questions (dicts or tuples).")
     parsed = [_parse_item(i, raw) for i, raw in enumerate(items)]
