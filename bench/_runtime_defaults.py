@@ -1,15 +1,16 @@
-"""The defaults' sections of bench/runtime.py: peak RSS per mode, and the default thread count
-against one thread, idle and beside a busy neighbour, one-shot and long-running.
+"""The defaults' sections of bench/runtime.py: peak RSS per mode; the default thread count
+against one thread, idle and beside a busy neighbour, one-shot and long-running; and what each
+layout costs SROIE extraction.
 
 Memory: each mode runs ``extract``, ``decide`` and ``Agent.run`` on the default model in a
-process of its own and reports its peak RSS (``ru_maxrss``), next to llama-cpp-python's
+process of its own and reports its peak RSS (``VmHWM``), next to llama-cpp-python's
 ``Llama`` on the same Q4_1 file (n_ctx 4096, a 194-token prompt and 64 decode steps).
 
 Threads: the model loads with its default thread count (the cores this process may use) or
 with ``threads=1`` / ``-t 1``; a neighbour started by the bench (``while True: pass``) keeps
 one core busy in the *busy* rows.
-  - one-shot ``generate``: ``pocket-agent generate -v`` in a fresh process; its prompt
-    (prefill) and decode rates, as the command prints them;
+  - one-shot ``generate``: what ``pocket-agent generate`` runs, in a fresh process (a 37-token
+    prompt, up to 24 tokens); its prompt (prefill) and decode rates;
   - one-shot ``decide``: a fresh process, one ``decide`` call, timed after the load;
   - long-running: one process, 40 ``decide`` calls and 10 prompts of 194 tokens with 32
     steps each; the median call and the rates.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -62,13 +62,20 @@ ALL_THREE = textwrap.dedent(
         '''
         return round(amount * 7.8, 2)
 
+    def peak_mb():
+        # VmHWM: this program's own peak (ru_maxrss keeps the peak of the process it was forked from)
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     text = "ACME Tools Ltd, 12 Harbour Road, Leeds\\nINVOICE INV-2041\\n2 x claw hammer 19.90\\nTOTAL DUE (EUR) 44.30"
     extract(text, schema=Invoice)
-    after_extract = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    after_extract = peak_mb()
     decide("Is this an invoice?", ["yes", "no"], context=text)
     Agent(tools=[convert]).run("How much is 12 EUR in CNY?")
     models = {id(get_default_model()), id(get_default_model("extract"))}
-    print(json.dumps({"extract": after_extract, "all": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    print(json.dumps({"extract": after_extract, "all": peak_mb(),
                       "models": len(models), "layout": get_default_model().info.extra.get("layout", "")}))
     """
 )
@@ -87,7 +94,8 @@ PLAIN_LLAMA = textwrap.dedent(
     llm.eval(prompt)
     for _ in range(64):
         llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
-    print(json.dumps({"all": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    print(json.dumps({"all": int(status["VmHWM"].split()[0]) / 1024}))
     """
 )
 
@@ -173,19 +181,25 @@ LONG_RUNNING = textwrap.dedent(
     """
 )
 
-_GENERATE_RATE = re.compile(r"prompt (\d+) tokens in ([\d.]+)s, ([\d.]+) tok/s")
+ONE_GENERATE = textwrap.dedent(
+    """
+    import json, sys
+    from pocket_agent.generate import render_prompt, run_generation
+    from pocket_agent.options import Limits
+    from pocket_agent.runtime import load_model
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else None
+    model = load_model(threads=threads)  # what `pocket-agent generate` runs (cli.cmd_generate), timed to the us
+    ids = render_prompt(model, "What is the capital of France?")
+    u = run_generation(model, ids, limits=Limits(max_tokens=24)).usage
+    print(json.dumps({"prefill": u.prompt_tokens / u.prefill_s, "decode": u.completion_tokens / u.decode_s,
+                      "prompt": u.prompt_tokens}))
+    """
+)
 
 
 def _one_shot_generate(threads: int | None) -> dict[str, float]:
-    question = "What is the capital of France?"
-    cmd = [sys.executable, "-m", "pocket_agent", "generate", question, "-v", "--max-tokens", "24"]
-    cmd += ["-t", str(threads)] if threads else []
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env({}), cwd=ROOT, timeout=600, check=False)
-    found = _GENERATE_RATE.search(done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"pocket-agent generate failed:\n{done.stderr[-3000:]}")
-    n, seconds, decode = int(found.group(1)), float(found.group(2)), float(found.group(3))
-    return {"prefill": n / max(seconds, 1e-9), "decode": decode, "prompt": n}
+    """``pocket-agent generate`` in a fresh process: its prompt and decode rates."""
+    return {k: float(v) for k, v in _run_json_args(ONE_GENERATE, [str(threads)] if threads else []).items()}
 
 
 @contextmanager
@@ -262,4 +276,45 @@ def threads_section(rounds: int) -> str:
             lines.append(
                 f"| {'busy' if busy else 'idle'} | {label} | {d:.{digits}f} | {one:.{digits}f} | {speed:.2f}x |"
             )
+    return "\n".join(lines) + "\n"
+
+
+EXTRACTION_LAYOUTS = {
+    "default (auto): one BF16/Q8_0 copy, the LoRA at run time": {},
+    "`pocket-agent extract`: the adapter merged into that copy": {"merge_adapter": "extract"},
+    "speed: merged, split weights (the default before)": {"layout": "speed", "merge_adapter": "extract"},
+    "lean: the Q4_1 file, the LoRA at run time": {"layout": "lean"},
+}
+
+
+def extraction_section(n_docs: int) -> str:
+    """SROIE extraction (bench/extract.py's test receipts) on each layout in one process at 1
+    thread, the layouts taking turns on every document (so a busy spell slows them alike)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from extract import Receipt, field_matches, load_docs
+
+    from pocket_agent import extract_many
+    from pocket_agent.runtime import load_model
+
+    docs = load_docs(n_docs)
+    models = {name: load_model(threads=1, **options) for name, options in EXTRACTION_LAYOUTS.items()}
+    for m in models.values():  # warm-up: grammar compile, the adapter loaded
+        list(extract_many([docs[0]["text"]], Receipt, model=m))
+    names = list(models)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    exact = dict.fromkeys(names, 0)
+    for i, doc in enumerate(docs):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            t0 = time.perf_counter()
+            outcome = next(iter(extract_many([doc["text"]], Receipt, model=models[name])))
+            seconds[name].append(time.perf_counter() - t0)
+            value = outcome.value.model_dump() if outcome.ok and outcome.value is not None else None
+            exact[name] += sum(field_matches(value, doc["expected"]).values())
+    base = statistics.mean(seconds[names[0]])
+    lines = ["| layout | s/doc | vs default | exact fields |", "|---|---|---|---|"]
+    for name in names:
+        mean = statistics.mean(seconds[name])
+        lines.append(f"| {name} | {mean:.2f} | {mean / base:.2f}x | {exact[name]}/{4 * len(docs)} |")
+    for m in models.values():
+        m.close()
     return "\n".join(lines) + "\n"

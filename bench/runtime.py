@@ -14,14 +14,15 @@ Compares, on the embedded default model (SmolLM2-135M-Instruct):
 each at 1 and 2 threads. Every configuration runs in its own subprocess, so peak RSS is
 that backend's alone (and pymnn's one-model-per-process rule holds).
 
-    python bench/runtime.py [--repeats 3] [--decode 64] [--busy] [--sections speed memory threads]
+    python bench/runtime.py [--repeats 3] [--decode 64] [--busy] [--sections speed memory threads extraction]
                             [--out bench/runtime.md]
 
 ``--busy`` adds a second table measured while another process keeps one core busy.
-``--sections memory threads`` (bench/_runtime_defaults.py) add the defaults' sections: peak RSS
-of extract + decide + Agent.run per layout next to llama-cpp-python's, and the default thread
-count against one thread, idle and beside a busy neighbour the bench starts, one-shot
-(``pocket-agent generate``, one ``decide``) and long-running.
+The sections ``memory``, ``threads`` and ``extraction`` (bench/_runtime_defaults.py) measure
+the defaults: peak RSS of extract + decide + Agent.run per layout next to llama-cpp-python's;
+the default thread count against one thread, idle and beside a busy neighbour the bench
+starts, one-shot (``pocket-agent generate``, one ``decide``) and long-running; and SROIE
+extraction s/doc and exact fields per layout. ``--sections`` picks some (default: all).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ KINDS = (
     "pocket_agent/mnn",
     "pocket_agent/mnn/fixed",
 )
+SECTIONS = ("speed", "memory", "threads", "extraction")
 SAME_WEIGHTS = (("pocket_agent/llamacpp", "llama_cpp.Llama/copy"), ("pocket_agent/llamacpp/q4_1", "llama_cpp.Llama"))
 
 
@@ -316,17 +318,12 @@ def measure(args: argparse.Namespace, *, busy: bool) -> Measured:
     return measured
 
 
-def report(
-    args: argparse.Namespace,
-    idle: Measured | None,
-    loaded: Measured | None,
-    memory: str | None,
-    threads: str | None,
-) -> str:
+def report(args: argparse.Namespace, idle: Measured | None, loaded: Measured | None, defaults: dict[str, str]) -> str:
     """bench/runtime.md: the header, then each section measured."""
+    memory, threads, extraction = (defaults.get(k) for k in ("memory", "threads", "extraction"))
     vers = ", ".join(f"{k} {v}" for k, v in versions().items())
     rounds = f" --rounds {args.rounds}" if args.rounds != 2 else ""
-    chosen = "" if set(args.sections) == {"speed", "memory", "threads"} else " --sections " + " ".join(args.sections)
+    chosen = "" if set(args.sections) == set(SECTIONS) else " --sections " + " ".join(args.sections)
     command = f"python bench/runtime.py{' --busy' if args.busy else ''}{rounds}{chosen} --out {args.out}"
     text = (
         "# Runtime benchmark\n\n"
@@ -356,6 +353,14 @@ def report(
             f"core busy. One-shot rows are fresh processes; median of {args.rounds} rounds, the default and "
             "1 thread alternating. The last column is the default's speed over 1 thread's (above 1: faster).\n\n"
             + threads
+        )
+    if extraction is not None:
+        text += (
+            "\n## Extraction: what each layout costs\n\n"
+            f"`extract_many` on the first {args.extract_docs} SROIE receipts (bench/extract.py's test receipts, "
+            "which the adapter never saw), one document per call, 1 thread, the four models loaded in one process "
+            "and taking turns on every document; exact fields: company, date, address and total as labelled.\n\n"
+            + extraction
         )
     return text
 
@@ -392,10 +397,12 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         nargs="+",
-        choices=("speed", "memory", "threads"),
-        default=["speed", "memory", "threads"],
-        help="speed: the prefill/decode tables; memory: peak RSS per layout; threads: default vs 1 thread",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        help="speed: the prefill/decode tables; memory: peak RSS per layout; threads: default vs 1 thread; "
+        "extraction: SROIE s/doc and exact fields per layout",
     )
+    ap.add_argument("--extract-docs", type=int, default=40, help="SROIE test receipts for the extraction section")
     ap.add_argument("--worker", nargs=2, metavar=("KIND", "THREADS"), help=argparse.SUPPRESS)
     ap.add_argument("--pair-worker", nargs=3, metavar=("MINE", "PLAIN", "THREADS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -413,18 +420,20 @@ def main() -> int:
     sections = set(args.sections)
     idle = measure(args, busy=False) if "speed" in sections else None
     loaded = measure(args, busy=True) if args.busy and "speed" in sections else None
-    memory = threads = None
-    if sections & {"memory", "threads"}:
-        from _runtime_defaults import memory_section, threads_section
+    defaults: dict[str, str] = {}
+    if sections & {"memory", "threads", "extraction"}:
+        import _runtime_defaults as measured
 
-        memory = memory_section(args.rounds) if "memory" in sections else None
-        if memory is not None:
-            print(memory)
-        threads = threads_section(args.rounds) if "threads" in sections else None
-        if threads is not None:
-            print(threads)
+        for name, run in (
+            ("memory", lambda: measured.memory_section(args.rounds)),
+            ("threads", lambda: measured.threads_section(args.rounds)),
+            ("extraction", lambda: measured.extraction_section(args.extract_docs)),
+        ):
+            if name in sections:
+                defaults[name] = run()
+                print(defaults[name])
     if args.out:
-        args.out.write_text(report(args, idle, loaded, memory, threads))
+        args.out.write_text(report(args, idle, loaded, defaults))
     return 0
 
 
